@@ -1,0 +1,32 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Both create .venv and install what they need (pinned by constraints.txt) on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[demo,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/keyturn demo
+
+test: $(STAMP)
+	bash scripts/system-deps.sh
+	$(BIN)/ruff check src tests bench
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/sandbox_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info

@@ -1,0 +1,1 @@
+"""The service side: the OAuth token endpoint, probes, and (later) key rotators."""
