@@ -1,0 +1,52 @@
+"""keyturn's configuration: one TOML file, validated into frozen objects, `KEYTURN_…` overrides.
+
+    from keyturn.config import load_config
+    config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
+
+See docs/configuration.md for every key. Modules: `schema` (the objects), `load` (parsing and
+validation), `reader` and `fields` (how raw values and overrides are read), `durations`.
+"""
+
+from keyturn.config.durations import format_duration, parse_duration
+from keyturn.config.load import load_config, parse_config
+from keyturn.config.schema import (
+    AppRoleAuth,
+    AuthMethod,
+    ClientAuth,
+    Config,
+    CredentialConfig,
+    CredentialKind,
+    DaemonSettings,
+    KubernetesAuth,
+    LogLevel,
+    MetricsSettings,
+    ProviderConfig,
+    TokenAuth,
+    TokenFileAuth,
+    TokenRequest,
+    VaultAuth,
+    VaultSettings,
+)
+
+__all__ = [
+    "AppRoleAuth",
+    "AuthMethod",
+    "ClientAuth",
+    "Config",
+    "CredentialConfig",
+    "CredentialKind",
+    "DaemonSettings",
+    "KubernetesAuth",
+    "LogLevel",
+    "MetricsSettings",
+    "ProviderConfig",
+    "TokenAuth",
+    "TokenFileAuth",
+    "TokenRequest",
+    "VaultAuth",
+    "VaultSettings",
+    "format_duration",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+]

@@ -1,0 +1,385 @@
+"""Loading the configuration: TOML + `KEYTURN_…` overrides → a validated `Config`.
+
+Every problem is collected, then raised at once as one `ConfigError` whose lines read
+`<file>: <key path>: <what was wrong>; expected <what>` (or `<file>: environment KEYTURN_X:
+…` for an override). Nothing is half-loaded: either the whole file is valid or nothing is
+returned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from keyturn.config.fields import (
+    BOOLEAN,
+    HTTP_PATH,
+    LISTEN,
+    LOOPBACK_HOSTS,
+    NAME,
+    REFERENCE_OR_INLINE,
+    URL,
+    choice,
+    duration,
+    fs_path,
+    integer,
+    is_loopback,
+    kv_path,
+    number,
+    secret_reference,
+    text,
+)
+from keyturn.config.reader import ENV_PREFIX, Context, Table, report_unknown_overrides
+from keyturn.config.schema import (
+    AppRoleAuth,
+    AuthMethod,
+    ClientAuth,
+    Config,
+    CredentialConfig,
+    CredentialKind,
+    DaemonSettings,
+    KubernetesAuth,
+    LogLevel,
+    MetricsSettings,
+    ProviderConfig,
+    TokenAuth,
+    TokenFileAuth,
+    TokenRequest,
+    VaultAuth,
+    VaultSettings,
+)
+from keyturn.errors import ConfigError
+from keyturn.policy import BackoffPolicy, RefreshPolicy
+from keyturn.references import SecretRef
+
+LOG_LEVELS: tuple[LogLevel, ...] = ("debug", "info", "warning", "error")
+AUTH_METHODS: tuple[AuthMethod, ...] = ("token", "token_file", "approle", "kubernetes")
+TOKEN_REQUESTS: tuple[TokenRequest, ...] = ("json", "form")
+CLIENT_AUTHS: tuple[ClientAuth, ...] = ("body", "basic")
+KINDS: tuple[CredentialKind, ...] = ("oauth_client",)
+
+# Prototypes whose field defaults are the configuration's defaults (one source of truth).
+_DAEMON = DaemonSettings(instance_id="-")
+_VAULT = VaultSettings(address="-", auth=TokenAuth(SecretRef.env("-")))
+_APPROLE = AppRoleAuth(role_id=SecretRef.env("-"), secret_id=SecretRef.env("-"))
+_KUBERNETES = KubernetesAuth(role="-")
+_METRICS = MetricsSettings()
+_PROVIDER = ProviderConfig(name="-", base_url="-")
+_REFRESH = RefreshPolicy()
+_BACKOFF = BackoffPolicy()
+
+_KV_EXPECTED = (
+    'a path relative to the mount, e.g. "apps/reporting/acme": segments of letters, digits '
+    'and _ . @ + = - joined by single "/", no "." or ".."'
+)
+_KV_PATH = kv_path(_KV_EXPECTED)
+_KIND = choice(KINDS, '"oauth_client", the only kind this version supports')
+_MOUNT = kv_path('a mount path, e.g. "secret" (no leading or trailing "/")')
+_INSTANCE_ID = text(
+    "an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}")
+)
+
+
+def load_config(path: Path, environ: Mapping[str, str] = os.environ) -> Config:
+    """Read and validate the configuration file at `path`; raises ConfigError."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError([f"{path}: cannot read the configuration: {reason}"]) from exc
+    try:
+        content = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not UTF-8 text; expected a UTF-8 TOML file"]) from None
+    return parse_config(content, str(path), environ, base_dir=path.parent)
+
+
+def parse_config(
+    text: str,
+    source: str,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    base_dir: Path | None = None,
+) -> Config:
+    """Validate TOML `text` (named `source` in messages); raises ConfigError with every problem.
+
+    Relative filesystem paths are taken from `base_dir` (default: the directory of `source`).
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's messages give the position and never the offending value.
+        raise ConfigError([f"{source}: invalid TOML: {exc}; expected a TOML document"]) from None
+    ctx = Context(source, environ, base_dir if base_dir is not None else Path(source).parent)
+    root = Table(ctx, data, "", ENV_PREFIX)
+    daemon = _daemon(root.table("keyturn", "a table ([keyturn])"))
+    vault = _vault(root.table("vault", "a table ([vault])"), ctx)
+    metrics = _metrics(root.table("metrics", "a table ([metrics])"))
+    providers: dict[str, ProviderConfig] = {}
+    provider_tables = root.entries("providers", "provider")
+    for entry in provider_tables or []:
+        provider = _provider(entry)
+        if provider is not None:
+            providers[provider.name] = provider
+    # Provider names a credential may use; None if some entry has no valid name, in which
+    # case "no such provider" would be a guess, not a finding.
+    declared: list[str] | None = None
+    if provider_tables is not None:
+        names = [entry.declared_name for entry in provider_tables]
+        declared = [n for n in names if n is not None] if None not in names else None
+    state_prefix = daemon.state_prefix if daemon else _DAEMON.state_prefix
+    credential_tables = root.entries("credentials", "credential") or []
+    credentials = _credentials(credential_tables, declared, state_prefix)
+    root.finish()
+    report_unknown_overrides(ctx)
+    if ctx.problems or daemon is None or vault is None or metrics is None:
+        raise ConfigError(ctx.problems or [f"{source}: invalid configuration"])
+    return Config(
+        keyturn=daemon,
+        vault=vault,
+        metrics=metrics,
+        providers=providers,
+        credentials=tuple(credentials),
+        source=Path(source),
+    )
+
+
+def _daemon(t: Table | None) -> DaemonSettings | None:
+    if t is None:
+        return None
+    d = _DAEMON
+    settings = DaemonSettings(
+        instance_id=t.get("instance_id", _INSTANCE_ID, socket.gethostname() or "keyturn"),
+        state_prefix=t.get("state_prefix", _KV_PATH, d.state_prefix),
+        log_level=t.get("log_level", choice(LOG_LEVELS), d.log_level),
+        max_concurrency=t.get("max_concurrency", integer(1), d.max_concurrency),
+        vault_concurrency=t.get("vault_concurrency", integer(1), d.vault_concurrency),
+        shutdown_timeout=t.get("shutdown_timeout", duration(positive=True), d.shutdown_timeout),
+    )
+    t.finish()
+    return settings
+
+
+def _check_transport(
+    t: Table, url_key: str, url: str, allow: bool, *, loopback_needs_flag: bool
+) -> None:
+    """https, or http to a loopback host; `allow_insecure_http` is for loopback hosts only."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    loopback = is_loopback(host)
+    if allow and not loopback:
+        t.problem(
+            "allow_insecure_http",
+            f'true is accepted only for loopback hosts ({LOOPBACK_HOSTS}), not "{host}"; '
+            f"expected false with an https:// {url_key}",
+        )
+    elif parts.scheme == "http" and not loopback:
+        t.problem(
+            url_key, f'plain http to "{host}", which is not a loopback host; expected https://'
+        )
+    elif parts.scheme == "http" and loopback_needs_flag and not allow:
+        t.problem(
+            url_key,
+            "plain http; expected https://, or allow_insecure_http = true "
+            f"(accepted for loopback hosts only: {LOOPBACK_HOSTS})",
+        )
+
+
+def _vault(t: Table | None, ctx: Context) -> VaultSettings | None:
+    if t is None:
+        return None
+    d = _VAULT
+    address = t.require("address", URL)
+    allow = t.get("allow_insecure_http", BOOLEAN, d.allow_insecure_http)
+    auth = _auth(
+        t.table("auth", 'a table, e.g. auth = { method = "token", token = "env:VAULT_TOKEN" }'), ctx
+    )
+    mount = t.get("mount", _MOUNT, d.mount)
+    namespace = t.optional("namespace", text('a Vault namespace, e.g. "admin/team"'))
+    ca_cert = t.optional("ca_cert", fs_path(ctx.base_dir))
+    timeout = t.get("timeout", duration(positive=True), d.timeout)
+    renew_margin = t.get("renew_margin", duration(positive=False), d.renew_margin)
+    if address is not None:
+        _check_transport(t, "address", address, allow, loopback_needs_flag=False)
+    t.finish()
+    if address is None or auth is None:
+        return None
+    return VaultSettings(
+        address=address,
+        auth=auth,
+        mount=mount,
+        namespace=namespace,
+        ca_cert=ca_cert,
+        timeout=timeout,
+        renew_margin=renew_margin,
+        allow_insecure_http=allow,
+    )
+
+
+def _auth(t: Table | None, ctx: Context) -> VaultAuth | None:
+    if t is None:
+        return None
+    method = t.require("method", choice(AUTH_METHODS))
+    if method is None:
+        return None  # which keys are valid depends on the method: no unknown-key check
+    auth: VaultAuth | None = None
+    if method == "token":
+        token = t.require("token", secret_reference('token = "env:VAULT_TOKEN"'))
+        auth = TokenAuth(token) if token else None
+    elif method == "token_file":
+        path = t.require("path", fs_path(ctx.base_dir))
+        auth = TokenFileAuth(path) if path else None
+    elif method == "approle":
+        role_id = t.require("role_id", secret_reference('role_id = "file:/etc/keyturn/role_id"'))
+        secret_id = t.require(
+            "secret_id", secret_reference('secret_id = "file:/etc/keyturn/secret_id"')
+        )
+        mount = t.get("mount", _MOUNT, _APPROLE.mount)
+        auth = AppRoleAuth(role_id, secret_id, mount) if role_id and secret_id else None
+    else:
+        role = t.require("role", text('the Vault role to log in as, e.g. "keyturn"'))
+        jwt_path = t.get("jwt_path", fs_path(ctx.base_dir), _KUBERNETES.jwt_path)
+        mount = t.get("mount", _MOUNT, _KUBERNETES.mount)
+        auth = KubernetesAuth(role, jwt_path, mount) if role else None
+    t.finish(f' for method "{method}"')
+    return auth
+
+
+def _metrics(t: Table | None) -> MetricsSettings | None:
+    if t is None:
+        return None
+    host, port = t.get("listen", LISTEN, (_METRICS.host, _METRICS.port))
+    t.finish()
+    return MetricsSettings(host=host, port=port)
+
+
+def _provider(t: Table) -> ProviderConfig | None:
+    d = _PROVIDER
+    base_url = t.require("base_url", URL)
+    allow = t.get("allow_insecure_http", BOOLEAN, d.allow_insecure_http)
+    provider = ProviderConfig(
+        name=t.name or "-",
+        base_url=base_url or "-",
+        allow_insecure_http=allow,
+        token_path=t.get("token_path", HTTP_PATH, d.token_path),
+        revoke_path=t.optional("revoke_path", HTTP_PATH),
+        token_request=t.get("token_request", choice(TOKEN_REQUESTS), d.token_request),
+        client_auth=t.get("client_auth", choice(CLIENT_AUTHS), d.client_auth),
+        timeout=t.get("timeout", duration(positive=True), d.timeout),
+        max_connections=t.get("max_connections", integer(1), d.max_connections),
+        rate_limit=t.optional(
+            "rate_limit", number("a number of requests per second > 0", lambda x: x > 0)
+        ),
+        default_lifetime=t.get("default_lifetime", duration(positive=True), d.default_lifetime),
+        max_response_bytes=t.get("max_response_bytes", integer(1024), d.max_response_bytes),
+    )
+    if base_url is not None:
+        _check_transport(t, "base_url", base_url, allow, loopback_needs_flag=True)
+    t.finish()
+    return provider if base_url is not None and t.name is not None else None
+
+
+def _credentials(
+    tables: list[Table], providers: list[str] | None, state_prefix: str
+) -> list[CredentialConfig]:
+    result: list[CredentialConfig] = []
+    published: dict[str, str] = {}
+    for t in tables:
+        credential = _credential(t, providers, state_prefix)
+        if credential is None:
+            continue
+        other = published.setdefault(credential.publish_to, t.path)
+        if other != t.path:
+            t.problem(
+                "publish_to",
+                f'"{credential.publish_to}" is also the publish_to of {other}; '
+                "expected each credential to publish to its own path",
+            )
+        result.append(credential)
+    return result
+
+
+def _credential(
+    t: Table, providers: list[str] | None, state_prefix: str
+) -> CredentialConfig | None:
+    provider = t.require("provider", NAME)
+    if provider is not None and providers is not None and provider not in providers:
+        known = ", ".join(f'"{p}"' for p in providers) or "none (add a [[providers]] entry)"
+        t.problem("provider", f'no provider is named "{provider}"; expected one of: {known}')
+    kind = t.require("kind", _KIND)
+    client_id = t.require("client_id", REFERENCE_OR_INLINE)
+    client_secret = t.require(
+        "client_secret",
+        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
+    )
+    scope = t.optional("scope", text('space-separated scopes, e.g. "read write"'))
+    publish_to = t.require("publish_to", _KV_PATH)
+    if publish_to is not None and (
+        publish_to == state_prefix or publish_to.startswith(state_prefix + "/")
+    ):
+        t.problem(
+            "publish_to",
+            f'"{publish_to}" is under state_prefix "{state_prefix}", which only keyturn may '
+            "read; expected a path outside it",
+        )
+    probe = t.optional("probe", HTTP_PATH)
+    refresh = _refresh(t.table("refresh", "a table ([credentials.refresh])"))
+    backoff = _backoff(t.table("backoff", "a table ([credentials.backoff])"))
+    t.finish()
+    if (
+        t.name is None
+        or provider is None
+        or kind is None
+        or client_id is None
+        or client_secret is None
+        or publish_to is None
+    ):
+        return None
+    return CredentialConfig(
+        name=t.name,
+        provider=provider,
+        kind=kind,
+        client_id=client_id,
+        client_secret=client_secret,
+        publish_to=publish_to,
+        scope=scope,
+        probe=probe,
+        refresh=refresh or _REFRESH,
+        backoff=backoff or _BACKOFF,
+    )
+
+
+def _refresh(t: Table | None) -> RefreshPolicy | None:
+    if t is None:
+        return None
+    d = _REFRESH
+    at = t.get("at", number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1), d.at)
+    jitter = t.get("jitter", number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5), d.jitter)
+    margin = t.get("margin", duration(positive=False), d.margin)
+    min_interval = t.get("min_interval", duration(positive=True), d.min_interval)
+    if at - jitter <= 0 or at + jitter >= 1:
+        t.problem(
+            "jitter",
+            f"at ± jitter spans {at - jitter:.2f} to {at + jitter:.2f} of the lifetime; "
+            "expected both ends strictly between 0 and 1",
+        )
+    t.finish()
+    return RefreshPolicy(at=at, jitter=jitter, margin=margin, min_interval=min_interval)
+
+
+def _backoff(t: Table | None) -> BackoffPolicy | None:
+    if t is None:
+        return None
+    d = _BACKOFF
+    initial = t.get("initial", duration(positive=True), d.initial)
+    maximum = t.get("max", duration(positive=True), d.maximum)
+    multiplier = t.get("multiplier", number("a number >= 1", lambda x: x >= 1), d.multiplier)
+    if maximum < initial:
+        t.problem("max", f"is shorter than initial; expected max >= initial ({initial:g}s)")
+    t.finish()
+    return BackoffPolicy(initial=initial, maximum=maximum, multiplier=multiplier)

@@ -1,0 +1,203 @@
+"""The validated configuration: frozen, typed value objects.
+
+`keyturn.config.load` builds these from the TOML file and `KEYTURN_…` overrides; nothing
+else should construct them from raw input. Durations are float seconds. Secret inputs are
+`SecretRef`s (never values): resolve them with `keyturn.references.ReferenceResolver`.
+
+    Config
+    ├── keyturn: DaemonSettings
+    ├── vault: VaultSettings ── auth: TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
+    ├── metrics: MetricsSettings
+    ├── providers: Mapping[name, ProviderConfig]
+    └── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from keyturn.policy import BackoffPolicy, RefreshPolicy
+from keyturn.references import SecretRef
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+TokenRequest = Literal["json", "form"]
+ClientAuth = Literal["body", "basic"]
+CredentialKind = Literal["oauth_client"]
+AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
+
+KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonSettings:
+    """`[keyturn]`: daemon-wide settings.
+
+    instance_id: this instance's name in Vault metadata and locks (default: the hostname).
+    state_prefix: keyturn's private KV prefix under the mount; apps must not read it.
+    max_concurrency: credential jobs running at once.
+    vault_concurrency: threads for (blocking) hvac calls.
+    shutdown_timeout: seconds to let running jobs finish on SIGTERM.
+    """
+
+    instance_id: str
+    state_prefix: str = "keyturn/state"
+    log_level: LogLevel = "info"
+    max_concurrency: int = 64
+    vault_concurrency: int = 16
+    shutdown_timeout: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAuth:
+    """`method = "token"`: a Vault token from a reference."""
+
+    token: SecretRef
+    method: Literal["token"] = field(default="token", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFileAuth:
+    """`method = "token_file"`: a token file kept current by someone else (e.g. Vault Agent)."""
+
+    path: Path
+    method: Literal["token_file"] = field(default="token_file", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AppRoleAuth:
+    """`method = "approle"`: AppRole login at `auth/<mount>/login`."""
+
+    role_id: SecretRef
+    secret_id: SecretRef
+    mount: str = "approle"
+    method: Literal["approle"] = field(default="approle", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesAuth:
+    """`method = "kubernetes"`: log in with the pod's service-account JWT."""
+
+    role: str
+    jwt_path: Path = KUBERNETES_JWT_PATH
+    mount: str = "kubernetes"
+    method: Literal["kubernetes"] = field(default="kubernetes", init=False)
+
+
+VaultAuth = TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
+
+
+@dataclass(frozen=True, slots=True)
+class VaultSettings:
+    """`[vault]`: where keyturn stores and publishes, and how it logs in.
+
+    address: URL without a trailing slash (https, or http for a loopback host).
+    mount: the KV v2 mount that holds published paths and `state_prefix`.
+    renew_margin: renew keyturn's own token at 2/3 of its TTL, and no later than this many
+        seconds before it expires.
+    """
+
+    address: str
+    auth: VaultAuth
+    mount: str = "secret"
+    namespace: str | None = None
+    ca_cert: Path | None = None
+    timeout: float = 10.0
+    renew_margin: float = 300.0
+    allow_insecure_http: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """`[metrics]`: where /metrics, /healthz and /readyz listen. `host` has no brackets."""
+
+    host: str = "127.0.0.1"
+    port: int = 9797
+
+    @property
+    def listen(self) -> str:
+        """`host:port`, with an IPv6 host in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """`[[providers]]`: one OAuth 2.0 authorization server / API.
+
+    base_url: URL without a trailing slash. rate_limit: requests per second for keyturn's own
+    calls (None: unlimited). default_lifetime: seconds, when a token response has no
+    expires_in. The field names match `keyturn.providers.client.ProviderSettings`.
+    """
+
+    name: str
+    base_url: str
+    allow_insecure_http: bool = False
+    token_path: str = "/oauth/token"
+    revoke_path: str | None = None
+    token_request: TokenRequest = "json"
+    client_auth: ClientAuth = "body"
+    timeout: float = 10.0
+    max_connections: int = 100
+    rate_limit: float | None = None
+    default_lifetime: float = 3600.0
+    max_response_bytes: int = 65536
+
+    @property
+    def token_url(self) -> str:
+        return self.base_url + self.token_path
+
+    @property
+    def revoke_url(self) -> str | None:
+        return None if self.revoke_path is None else self.base_url + self.revoke_path
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialConfig:
+    """`[[credentials]]`: one credential keyturn keeps fresh.
+
+    client_id: a reference or an inline value (`SecretRef.inline`); client_secret: a reference.
+    publish_to: the KV path (relative to the mount) apps read.
+    probe: a path on the provider to call with a new token before publishing it.
+    """
+
+    name: str
+    provider: str
+    client_id: SecretRef
+    client_secret: SecretRef
+    publish_to: str
+    kind: CredentialKind = "oauth_client"
+    scope: str | None = None
+    probe: str | None = None
+    refresh: RefreshPolicy = field(default_factory=RefreshPolicy)
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The whole configuration, validated. `source` is the file it came from."""
+
+    keyturn: DaemonSettings
+    vault: VaultSettings
+    metrics: MetricsSettings
+    providers: Mapping[str, ProviderConfig]
+    credentials: tuple[CredentialConfig, ...]
+    source: Path
+    _by_name: Mapping[str, CredentialConfig] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", MappingProxyType(dict(self.providers)))
+        by_name = MappingProxyType({c.name: c for c in self.credentials})
+        object.__setattr__(self, "_by_name", by_name)
+
+    def credential(self, name: str) -> CredentialConfig:
+        """The credential called `name`; KeyError if there is none."""
+        return self._by_name[name]
+
+    def provider_of(self, credential: CredentialConfig) -> ProviderConfig:
+        """The provider a credential uses (always present in a validated Config)."""
+        return self.providers[credential.provider]

@@ -1,0 +1,75 @@
+"""The documentation and the shipped example keep up with the loader: every key the loader
+knows (read back from its own "unknown key; expected one of: …" message) is documented in
+docs/configuration.md and set in deploy/keyturn.example.toml."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from keyturn.config import parse_config
+from keyturn.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = (REPO / "docs" / "configuration.md").read_text()
+EXAMPLE = (REPO / "deploy" / "keyturn.example.toml").read_text()
+
+BASE = """\
+[keyturn]
+{keyturn}
+[metrics]
+{metrics}
+[vault]
+address = "https://vault.example.com"
+auth = {{ method = "{method}", {auth}zzzzzz = 1 }}
+{vault}
+[[providers]]
+name = "acme"
+base_url = "https://acme.example.com"
+{providers}
+[[credentials]]
+name = "reporting"
+provider = "acme"
+kind = "oauth_client"
+client_id = "id"
+client_secret = "env:S"
+publish_to = "apps/x"
+refresh = {{ {refresh} }}
+backoff = {{ {backoff} }}
+{credentials}
+"""
+
+AUTH = {
+    "token": 'token = "env:T", ',
+    "token_file": 'path = "/t", ',
+    "approle": 'role_id = "env:R", secret_id = "env:S", ',
+    "kubernetes": 'role = "r", ',
+}
+TABLES = ["keyturn", "metrics", "vault", "providers", "credentials", "refresh", "backoff"]
+
+
+def known_keys(method: str) -> dict[str, list[str]]:
+    """{table: keys} as the loader lists them when it meets the unknown key `zzzzzz`."""
+    fields = {table: "zzzzzz = 1" for table in TABLES}
+    text = BASE.format(method=method, auth=AUTH[method], **fields)
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "k.toml", {})
+    found: dict[str, list[str]] = {}
+    for line in caught.value.problems:
+        match = re.fullmatch(r"k\.toml: (.+)\.zzzzzz: unknown key.*; expected one of: (.+)", line)
+        assert match, line
+        found[match[1]] = match[2].split(", ")
+    return found
+
+
+@pytest.mark.parametrize("method", list(AUTH))
+def test_every_key_is_documented_and_in_the_example(method: str) -> None:
+    tables = known_keys(method)
+    assert len(tables) == 8  # the seven tables and vault.auth
+    for table, keys in tables.items():
+        for key in keys:
+            assert f"`{key}`" in DOCS, f"{table}.{key} is not documented"
+            pattern = rf"(^|[ {{,]){key} = |^\[\w+\.{key}\]$"  # a key or a [table.key] header
+            assert re.search(pattern, EXAMPLE, re.M), f"{table}.{key} is not in the example"

@@ -1,0 +1,480 @@
+"""Bad configurations: each case must give exactly one problem line, at the right key path,
+saying what was expected. The base configuration is valid; each case changes one thing."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyturn.config import parse_config
+from keyturn.errors import ConfigError
+
+SOURCE = "/etc/keyturn/keyturn.toml"
+
+Entry = dict[str, str]
+Doc = dict[str, "Entry | list[Entry] | str"]
+
+
+def base() -> Doc:
+    """A valid configuration as {section: {key: TOML literal}} (arrays: a list of entries)."""
+    return {
+        "vault": {
+            "address": '"https://vault.example.com:8200"',
+            "auth": '{ method = "token", token = "env:VAULT_TOKEN" }',
+        },
+        "providers": [{"name": '"acme"', "base_url": '"https://acme.example.com"'}],
+        "credentials": [
+            {
+                "name": '"reporting"',
+                "provider": '"acme"',
+                "kind": '"oauth_client"',
+                "client_id": '"reporting-app"',
+                "client_secret": '"env:REPORTING_SECRET"',
+                "publish_to": '"apps/reporting/acme"',
+            }
+        ],
+    }
+
+
+def render(doc: Doc) -> str:
+    lines = [f"{key} = {value}" for key, value in doc.items() if isinstance(value, str)]
+    for section, body in doc.items():
+        if isinstance(body, list):
+            for entry in body:
+                lines.append(f"[[{section}]]")
+                lines.extend(f"{k} = {v}" for k, v in entry.items())
+        elif isinstance(body, dict):
+            lines.append(f"[{section}]")
+            lines.extend(f"{k} = {v}" for k, v in body.items())
+    return "\n".join(lines) + "\n"
+
+
+def change(target: str, value: str | None) -> Doc:
+    """`target` is "section", "section.key" or "section[i].key"; None deletes it."""
+    doc = base()
+    section, _, key = target.partition(".")
+    index: int | None = None
+    if section.endswith("]"):
+        section, _, rest = section.partition("[")
+        index = int(rest[:-1])
+    if not key:
+        if value is None:
+            del doc[section]
+        else:
+            doc[section] = value
+        return doc
+    body = doc.setdefault(section, {})
+    if index is not None:
+        assert isinstance(body, list)
+        body = body[index]
+    assert isinstance(body, dict)
+    if value is None:
+        del body[key]
+    else:
+        body[key] = value
+    return doc
+
+
+def problems_of(doc: Doc, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(render(doc), SOURCE, environ or {})
+    assert str(caught.value) == "\n".join(caught.value.problems)
+    return caught.value.problems
+
+
+def test_base_is_valid() -> None:
+    config = parse_config(render(base()), SOURCE, {})
+    assert config.credentials[0].name == "reporting"
+
+
+CRED = 'credentials["reporting"]'
+ACME = 'providers["acme"]'
+
+CASES: list[tuple[str, str | None, str, str]] = [
+    # (what to change, new TOML literal or None to delete, where, what the message says)
+    # [vault]
+    ("vault", '"x"', "vault", 'got "x"; expected a table ([vault])'),
+    ("vault.address", None, "vault.address", "missing; expected an https:// URL"),
+    ("vault.address", '"ftp://vault"', "vault.address", 'got "ftp://vault"; expected an https://'),
+    ("vault.address", '"https://v.example.com/?x=1"', "vault.address", "has a query or fragment"),
+    ("vault.address", '"https://"', "vault.address", "expected an https:// URL"),
+    ("vault.address", '"https://v.example.com:99999"', "vault.address", "not a valid URL"),
+    (
+        "vault.address",
+        '"http://vault.example.com:8200"',
+        "vault.address",
+        'plain http to "vault.example.com", which is not a loopback host; expected https://',
+    ),
+    (
+        "vault.allow_insecure_http",
+        "true",
+        "vault.allow_insecure_http",
+        "true is accepted only for loopback hosts (127.0.0.0/8, ::1, localhost)",
+    ),
+    ("vault.auth", None, "vault.auth.method", 'missing; expected one of "token", "token_file"'),
+    ("vault.auth", '"token"', "vault.auth", 'got "token"; expected a table, e.g. auth = {'),
+    (
+        "vault.auth",
+        '{ method = "password" }',
+        "vault.auth.method",
+        'got "password"; expected one of "token", "token_file", "approle", "kubernetes"',
+    ),
+    ("vault.auth", '{ method = "token" }', "vault.auth.token", "missing; expected a reference"),
+    (
+        "vault.auth",
+        '{ method = "token_file", path = "env:TOKEN_FILE" }',
+        "vault.auth.path",
+        "got a reference; expected a filesystem path",
+    ),
+    (
+        "vault.auth",
+        '{ method = "token_file" }',
+        "vault.auth.path",
+        "missing; expected a filesystem",
+    ),
+    (
+        "vault.auth",
+        '{ method = "approle", role_id = "env:ROLE_ID" }',
+        "vault.auth.secret_id",
+        "missing; expected a reference",
+    ),
+    (
+        "vault.auth",
+        '{ method = "kubernetes" }',
+        "vault.auth.role",
+        "missing; expected the Vault role",
+    ),
+    (
+        "vault.auth",
+        '{ method = "kubernetes", role = "keyturn", token = "env:X" }',
+        "vault.auth.token",
+        'unknown key for method "kubernetes"; expected one of: method, role, jwt_path, mount',
+    ),
+    (
+        "vault.auth",
+        '{ method = "approle", role_id = "env:R", secret_id = "env:S", mout = "ar" }',
+        "vault.auth.mout",
+        'unknown key for method "approle"; did you mean "mount"?',
+    ),
+    ("vault.timeout", '"-5s"', "vault.timeout", "must not be negative"),
+    ("vault.timeout", "0", "vault.timeout", "got 0; expected a duration greater than zero"),
+    ("vault.timeout", '"30m1h"', "vault.timeout", "units must go from largest to smallest"),
+    ("vault.timeout", '"ten seconds"', "vault.timeout", 'got "ten seconds" (not a duration)'),
+    ("vault.renew_margin", "true", "vault.renew_margin", "got true (a boolean is not a duration)"),
+    ("vault.mount", '"/secret"', "vault.mount", 'which starts with "/"; expected a mount path'),
+    ("vault.namespace", '""', "vault.namespace", "got an empty string; expected a Vault namespace"),
+    ("vault.ca_cert", "5", "vault.ca_cert", "got 5; expected a filesystem path"),
+    ("vault.adress", '"https://x"', "vault.adress", 'unknown key; did you mean "address"?'),
+    # [keyturn]
+    ("keyturn", "[]", "keyturn", "got an array; expected a table ([keyturn])"),
+    ("keyturn.log_level", '"loud"', "keyturn.log_level", 'got "loud"; expected one of "debug"'),
+    ("keyturn.max_concurrency", "0", "keyturn.max_concurrency", "got 0; expected an integer >= 1"),
+    ("keyturn.max_concurrency", "true", "keyturn.max_concurrency", "got true; expected an integer"),
+    (
+        "keyturn.vault_concurrency",
+        "1.5",
+        "keyturn.vault_concurrency",
+        "got 1.5; expected an integer",
+    ),
+    ("keyturn.state_prefix", '"keyturn/../x"', "keyturn.state_prefix", 'no "." or ".."'),
+    ("keyturn.state_prefix", '"keyturn/"', "keyturn.state_prefix", "expected a path relative to"),
+    (
+        "keyturn.shutdown_timeout",
+        '"soon"',
+        "keyturn.shutdown_timeout",
+        'got "soon" (not a duration)',
+    ),
+    (
+        "keyturn.instance_id",
+        '"a b"',
+        "keyturn.instance_id",
+        "expected an identifier without spaces",
+    ),
+    ("keyturn.colour", '"blue"', "keyturn.colour", "unknown key; expected one of: instance_id, "),
+    # [metrics]
+    ("metrics.listen", '"localhost"', "metrics.listen", 'got "localhost"; expected host:port'),
+    ("metrics.listen", '"127.0.0.1:70000"', "metrics.listen", "whose port is not 0-65535"),
+    ("metrics.listen", '"127.0.0.1:http"', "metrics.listen", "whose port is not 0-65535"),
+    ("metrics.listen", '":9797"', "metrics.listen", 'got ":9797"; expected host:port'),
+    ("metrics.listen", '"::1:9797"', "metrics.listen", "(an IPv6 host in brackets)"),
+    ("metrics.listen", '"[nothost]:9797"', "metrics.listen", "whose [host] is not IPv6"),
+    ("metrics.listen", "9797", "metrics.listen", "got 9797; expected host:port"),
+    ("metrics.path", '"/m"', "metrics.path", "unknown key; expected one of: listen"),
+    # [[providers]]
+    ("providers", '{ name = "acme" }', "providers", "got a table; expected an array of tables"),
+    ("providers[0].name", None, "providers[0].name", "missing; expected a name of lowercase"),
+    (
+        "providers[0].name",
+        '"ACME"',
+        "providers[0].name",
+        'got "ACME"; expected a name of lowercase',
+    ),
+    ("providers[0].name", '"-acme"', "providers[0].name", "starting with a letter or digit"),
+    ("providers[0].base_url", None, f"{ACME}.base_url", "missing; expected an https:// URL"),
+    (
+        "providers[0].base_url",
+        '"http://acme.example.com"',
+        f"{ACME}.base_url",
+        'plain http to "acme.example.com", which is not a loopback host; expected https://',
+    ),
+    (
+        "providers[0].base_url",
+        '"http://127.0.0.1:8400"',
+        f"{ACME}.base_url",
+        "plain http; expected https://, or allow_insecure_http = true (accepted for loopback",
+    ),
+    (
+        "providers[0].allow_insecure_http",
+        "true",
+        f"{ACME}.allow_insecure_http",
+        'true is accepted only for loopback hosts (127.0.0.0/8, ::1, localhost), not "acme.example',
+    ),
+    ("providers[0].allow_insecure_http", '"yes"', f"{ACME}.allow_insecure_http", "true or false"),
+    ("providers[0].base_url", '"https://acme.example.com/#x"', f"{ACME}.base_url", "fragment"),
+    ("providers[0].token_path", '"oauth/token"', f"{ACME}.token_path", 'a path starting with "/"'),
+    ("providers[0].revoke_path", '"//evil/revoke"', f"{ACME}.revoke_path", 'starting with "/"'),
+    ("providers[0].token_request", '"xml"', f"{ACME}.token_request", 'one of "json", "form"'),
+    ("providers[0].client_auth", '"jwt"', f"{ACME}.client_auth", 'one of "body", "basic"'),
+    ("providers[0].max_connections", "0", f"{ACME}.max_connections", "an integer >= 1"),
+    ("providers[0].rate_limit", "0", f"{ACME}.rate_limit", "requests per second > 0"),
+    ("providers[0].rate_limit", '"fast"', f"{ACME}.rate_limit", 'got "fast"; expected a number'),
+    ("providers[0].rate_limit", "nan", f"{ACME}.rate_limit", "got nan; expected a number"),
+    ("providers[0].default_lifetime", '"0s"', f"{ACME}.default_lifetime", "greater than zero"),
+    ("providers[0].max_response_bytes", "10", f"{ACME}.max_response_bytes", "integer >= 1024"),
+    (
+        "providers[0].tokn_path",
+        '"/t"',
+        f"{ACME}.tokn_path",
+        'unknown key; did you mean "token_path"',
+    ),
+    # [[credentials]]
+    ("credentials", "[1]", "credentials[0]", "got 1; expected a table"),
+    ("credentials[0].name", '"Reporting"', "credentials[0].name", 'got "Reporting"'),
+    (
+        "credentials[0].provider",
+        '"acm"',
+        f"{CRED}.provider",
+        'no provider is named "acm"; expected one of: "acme"',
+    ),
+    ("credentials[0].provider", None, f"{CRED}.provider", "missing; expected a name"),
+    (
+        "credentials[0].kind",
+        None,
+        f"{CRED}.kind",
+        'missing; expected "oauth_client", the only kind',
+    ),
+    (
+        "credentials[0].kind",
+        '"api_key"',
+        f"{CRED}.kind",
+        'got "api_key"; expected "oauth_client", the only kind this version supports',
+    ),
+    (
+        "credentials[0].client_id",
+        '""',
+        f"{CRED}.client_id",
+        "got an empty string; expected a value",
+    ),
+    (
+        "credentials[0].client_id",
+        "12",
+        f"{CRED}.client_id",
+        "got 12; expected a value or a reference",
+    ),
+    ("credentials[0].client_id", '"env:"', f"{CRED}.client_id", "malformed reference (env: needs"),
+    (
+        "credentials[0].client_secret",
+        None,
+        f"{CRED}.client_secret",
+        "missing; expected a reference",
+    ),
+    (
+        "credentials[0].client_secret",
+        "42",
+        f"{CRED}.client_secret",
+        "got an integer; expected a ref",
+    ),
+    (
+        "credentials[0].client_secret",
+        '"vault:secret/x"',
+        f"{CRED}.client_secret",
+        "malformed reference (vault: needs #<field> after the path",
+    ),
+    (
+        "credentials[0].client_secret",
+        '"file:relative/secret"',
+        f"{CRED}.client_secret",
+        "malformed reference (file: needs an absolute path",
+    ),
+    (
+        "credentials[0].client_secret",
+        '"vault:secret/../x#f"',
+        f"{CRED}.client_secret",
+        "not . or ..",
+    ),
+    ("credentials[0].publish_to", None, f"{CRED}.publish_to", "missing; expected a path relative"),
+    ("credentials[0].publish_to", '"/apps/x"', f"{CRED}.publish_to", 'which starts with "/"'),
+    ("credentials[0].publish_to", '"apps//x"', f"{CRED}.publish_to", 'got "apps//x"; expected'),
+    ("credentials[0].publish_to", '"apps/../x"', f"{CRED}.publish_to", 'got "apps/../x"; expected'),
+    (
+        "credentials[0].publish_to",
+        '"keyturn/state/reporting"',
+        f"{CRED}.publish_to",
+        'is under state_prefix "keyturn/state", which only keyturn may read; expected a path',
+    ),
+    ("credentials[0].publish_to", '"keyturn/state"', f"{CRED}.publish_to", "under state_prefix"),
+    ("credentials[0].probe", '"v1/projects"', f"{CRED}.probe", 'a path starting with "/"'),
+    ("credentials[0].scope", '"  "', f"{CRED}.scope", "got an empty string; expected space-sep"),
+    ("credentials[0].refresh", "5", f"{CRED}.refresh", "got 5; expected a table"),
+    (
+        "credentials[0].refresh",
+        "{ at = 1.0 }",
+        f"{CRED}.refresh.at",
+        "got 1.0; expected a fraction",
+    ),
+    ("credentials[0].refresh", "{ at = 0 }", f"{CRED}.refresh.at", "between 0 and 1 (exclusive)"),
+    ("credentials[0].refresh", "{ jitter = 0.5 }", f"{CRED}.refresh.jitter", ">= 0 and < 0.5"),
+    ("credentials[0].refresh", "{ jitter = -0.1 }", f"{CRED}.refresh.jitter", "got -0.1"),
+    (
+        "credentials[0].refresh",
+        "{ at = 0.9, jitter = 0.2 }",
+        f"{CRED}.refresh.jitter",
+        "at ± jitter spans 0.70 to 1.10 of the lifetime; expected both ends strictly between",
+    ),
+    (
+        "credentials[0].refresh",
+        '{ margin = "1 minute" }',
+        f"{CRED}.refresh.margin",
+        'got "1 minute" (not a duration); expected a duration zero or more',
+    ),
+    ("credentials[0].refresh", "{ min_interval = 0 }", f"{CRED}.refresh.min_interval", "than zero"),
+    (
+        "credentials[0].refresh",
+        '{ margn = "1m" }',
+        f"{CRED}.refresh.margn",
+        'unknown key; did you mean "margin"?',
+    ),
+    (
+        "credentials[0].backoff",
+        "{ multiplier = 0.5 }",
+        f"{CRED}.backoff.multiplier",
+        "got 0.5; expected a number >= 1",
+    ),
+    (
+        "credentials[0].backoff",
+        '{ initial = "10m", max = "1m" }',
+        f"{CRED}.backoff.max",
+        "is shorter than initial; expected max >= initial (600s)",
+    ),
+    (
+        "credentials[0].backoff",
+        '{ maximum = "1m" }',
+        f"{CRED}.backoff.maximum",
+        'unknown key; did you mean "max"?',
+    ),
+    # top level: later features are unknown keys for now
+    ("alerts", "[]", "alerts", "unknown key; expected one of: keyturn, vault, metrics, providers"),
+    ("rotation", "{}", "rotation", "unknown key; expected one of"),
+    ("provider", "[]", "provider", 'unknown key; did you mean "providers"?'),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "where", "message"),
+    CASES,
+    ids=[f"{c[0]}={c[1]}" for c in CASES],
+)
+def test_one_bad_value_gives_one_problem(
+    target: str, value: str | None, where: str, message: str
+) -> None:
+    problems = problems_of(change(target, value))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{SOURCE}: {where}: "), problems[0]
+    assert message in problems[0], problems[0]
+
+
+def test_a_missing_vault_table_reports_its_required_keys() -> None:
+    assert problems_of(change("vault", None)) == [
+        f"{SOURCE}: vault.address: missing; expected an https:// URL without ?query or #fragment",
+        f'{SOURCE}: vault.auth.method: missing; expected one of "token", "token_file", '
+        '"approle", "kubernetes"',
+    ]
+
+
+def test_duplicate_provider_names_are_reported_by_index() -> None:
+    doc = base()
+    providers = doc["providers"]
+    assert isinstance(providers, list)
+    providers.append({"name": '"acme"', "base_url": '"https://other.example.com"'})
+    assert problems_of(doc) == [
+        f'{SOURCE}: providers[1].name: duplicate provider name "acme" (also providers[0]); '
+        "expected each provider name once"
+    ]
+
+
+def test_duplicate_credential_names_and_publish_to() -> None:
+    doc = base()
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials.append(dict(credentials[0]))  # same name, same publish_to
+    twin = dict(credentials[0], name='"billing"')  # same publish_to only
+    credentials.append(twin)
+    problems = problems_of(doc)
+    assert problems == [
+        f'{SOURCE}: credentials[1].name: duplicate credential name "reporting" '
+        "(also credentials[0]); expected each credential name once",
+        f'{SOURCE}: credentials["billing"].publish_to: "apps/reporting/acme" is also the '
+        f"publish_to of {CRED}; expected each credential to publish to its own path",
+    ]
+
+
+def test_a_provider_with_errors_still_counts_as_declared() -> None:
+    """A credential naming a provider whose entry has a mistake gets no second, bogus error."""
+    doc = change("providers[0].timeout", '"soon"')
+    problems = problems_of(doc)
+    assert len(problems) == 1
+    assert f"{ACME}.timeout" in problems[0]
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    doc = change("vault.timeout", '"x"')
+    doc = {**doc, "keyturn": {"log_level": '"loud"', "max_concurrency": "0"}}
+    providers = doc["providers"]
+    assert isinstance(providers, list)
+    providers[0]["token_request"] = '"xml"'
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials[0]["refresh"] = "{ at = 2 }"
+    credentials[0]["probe"] = '"nope"'
+    problems = problems_of(doc)
+    wheres = [line.split(": ")[1] for line in problems]
+    assert sorted(wheres) == sorted(
+        [
+            "vault.timeout",
+            "keyturn.log_level",
+            "keyturn.max_concurrency",
+            f"{ACME}.token_request",
+            f"{CRED}.refresh.at",
+            f"{CRED}.probe",
+        ]
+    )
+    assert all(line.startswith(f"{SOURCE}: ") for line in problems)
+
+
+def test_invalid_toml_is_one_line_with_the_position() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config('[vault\naddress = "x"', SOURCE, {})
+    [line] = caught.value.problems
+    assert line.startswith(f"{SOURCE}: invalid TOML: ")
+    assert "line 1" in line
+
+
+def test_quoted_unknown_keys_are_shown_quoted_in_the_path() -> None:
+    doc = change("vault", None)
+    text = render(doc) + '\n[vault]\naddress = "https://v.example.com"\n'
+    text += 'auth = { method = "token", token = "env:T" }\n"odd key" = 1\n'
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, SOURCE, {})
+    assert caught.value.problems == [
+        f'{SOURCE}: vault["odd key"]: unknown key; expected one of: address, '
+        "allow_insecure_http, auth, mount, namespace, ca_cert, timeout, renew_margin"
+    ]
