@@ -15,6 +15,10 @@ from keyturn import __version__
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("keyturn.commands.run", "the daemon: keep every credential fresh in Vault"),
+    "check": ("keyturn.commands.check", "validate the config, references, Vault access, providers"),
+    "status": ("keyturn.commands.status", "one row per credential, read from Vault"),
+    "refresh": ("keyturn.commands.refresh", "refresh one credential now (safe beside the daemon)"),
     "sandbox": ("keyturn.sandbox.command", "run the reference service on loopback"),
     "demo": ("keyturn.demo", "run everything embedded: dev OpenBao, sandbox, the daemon"),
 }

@@ -82,7 +82,10 @@ async def test_form_body_with_basic_auth() -> None:
     assert token.expires_in is None and token.refresh_token is None
     request = seen[0]
     assert request.headers["content-type"] == "application/x-www-form-urlencoded"
-    assert parse_qs(request.content.decode()) == {"grant_type": ["client_credentials"], "scope": ["a b"]}
+    assert parse_qs(request.content.decode()) == {
+        "grant_type": ["client_credentials"],
+        "scope": ["a b"],
+    }
     scheme, encoded = request.headers["authorization"].split()
     assert scheme == "Basic"
     assert base64.b64decode(encoded).decode() == "id%3A1:cs-very-secret"
@@ -97,33 +100,67 @@ async def test_form_body_with_basic_auth() -> None:
         (json.dumps({"access_token": "", "token_type": "Bearer"}).encode(), "access_token"),
         (json.dumps({"access_token": "a", "token_type": "mac"}).encode(), "token_type"),
         (json.dumps({"access_token": "a"}).encode(), "token_type"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": "soon"}).encode(), "expires_in"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": -5}).encode(), "expires_in"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": 0}).encode(), "expires_in"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": True}).encode(), "expires_in"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "refresh_token": 5}).encode(), "refresh_token"),
-        (json.dumps({"access_token": "a", "token_type": "Bearer", "scope": ["x"]}).encode(), "scope"),
+        (
+            json.dumps(
+                {"access_token": "a", "token_type": "Bearer", "expires_in": "soon"}
+            ).encode(),
+            "expires_in",
+        ),
+        (
+            json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": -5}).encode(),
+            "expires_in",
+        ),
+        (
+            json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": 0}).encode(),
+            "expires_in",
+        ),
+        (
+            json.dumps({"access_token": "a", "token_type": "Bearer", "expires_in": True}).encode(),
+            "expires_in",
+        ),
+        (
+            json.dumps({"access_token": "a", "token_type": "Bearer", "refresh_token": 5}).encode(),
+            "refresh_token",
+        ),
+        (
+            json.dumps({"access_token": "a", "token_type": "Bearer", "scope": ["x"]}).encode(),
+            "scope",
+        ),
     ],
 )
 async def test_untrustworthy_success_bodies_are_rejected_by_field(body: bytes, field: str) -> None:
     client = make_client(lambda _: httpx.Response(200, content=body))
     with pytest.raises(MalformedResponse) as caught:
-        await client.request_token("reporting", grant_type="client_credentials", client_id="c", client_secret=SECRET)
+        await client.request_token(
+            "reporting", grant_type="client_credentials", client_id="c", client_secret=SECRET
+        )
     assert caught.value.field == field
     assert str(caught.value).startswith(f"reporting: {field}:")
 
 
 async def test_oversized_body_is_rejected() -> None:
-    client = make_client(lambda _: httpx.Response(200, content=b"x" * 5000), max_response_bytes=1000)
+    client = make_client(
+        lambda _: httpx.Response(200, content=b"x" * 5000), max_response_bytes=1000
+    )
     with pytest.raises(MalformedResponse, match="larger than 1000 bytes"):
-        await client.request_token("r", grant_type="client_credentials", client_id="c", client_secret=SECRET)
+        await client.request_token(
+            "r", grant_type="client_credentials", client_id="c", client_secret=SECRET
+        )
 
 
 @pytest.mark.parametrize(
     ("response", "error_type", "attrs"),
     [
-        (httpx.Response(400, json={"error": "invalid_grant"}), OAuthError, {"error": "invalid_grant"}),
-        (httpx.Response(401, json={"error": "invalid_client"}), OAuthError, {"error": "invalid_client", "status": 401}),
+        (
+            httpx.Response(400, json={"error": "invalid_grant"}),
+            OAuthError,
+            {"error": "invalid_grant"},
+        ),
+        (
+            httpx.Response(401, json={"error": "invalid_client"}),
+            OAuthError,
+            {"error": "invalid_client", "status": 401},
+        ),
         (httpx.Response(503), ProviderUnavailable, {"status": 503}),
         (httpx.Response(429, headers={"Retry-After": "7"}), RateLimited, {"retry_after": 7.0}),
         (httpx.Response(400, content=b"<html>"), MalformedResponse, {"field": "body"}),
@@ -132,7 +169,9 @@ async def test_oversized_body_is_rejected() -> None:
 async def test_error_statuses_map_to_error_types(response, error_type, attrs) -> None:
     client = make_client(lambda _: response)
     with pytest.raises(error_type) as caught:
-        await client.request_token("r", grant_type="client_credentials", client_id="c", client_secret=SECRET)
+        await client.request_token(
+            "r", grant_type="client_credentials", client_id="c", client_secret=SECRET
+        )
     for name, value in attrs.items():
         assert getattr(caught.value, name) == value
 
@@ -143,7 +182,9 @@ async def test_network_errors_are_provider_unavailable() -> None:
 
     client = make_client(handler)
     with pytest.raises(ProviderUnavailable, match="ConnectError") as caught:
-        await client.request_token("r", grant_type="client_credentials", client_id="c", client_secret=SECRET)
+        await client.request_token(
+            "r", grant_type="client_credentials", client_id="c", client_secret=SECRET
+        )
     assert caught.value.retryable
 
 
@@ -151,7 +192,9 @@ async def test_an_error_description_echoing_a_secret_is_withheld() -> None:
     body = {"error": "invalid_client", "error_description": "bad secret cs-very-secret"}
     client = make_client(lambda _: httpx.Response(401, json=body))
     with pytest.raises(OAuthError) as caught:
-        await client.request_token("r", grant_type="client_credentials", client_id="c", client_secret=SECRET)
+        await client.request_token(
+            "r", grant_type="client_credentials", client_id="c", client_secret=SECRET
+        )
     assert "cs-very-secret" not in str(caught.value)
     assert "withheld" in str(caught.value.description)
 

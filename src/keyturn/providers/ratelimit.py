@@ -24,7 +24,9 @@ class TokenBucket:
         async with self._lock:
             while True:
                 now = self._clock.monotonic()
-                self._tokens = min(self._capacity, self._tokens + (now - self._updated) * self._rate)
+                self._tokens = min(
+                    self._capacity, self._tokens + (now - self._updated) * self._rate
+                )
                 self._updated = now
                 if self._tokens >= 1:
                     self._tokens -= 1

@@ -1,0 +1,138 @@
+"""What happens to credentials, as calls on an `Observer`.
+
+The refresher and scheduler report here; logging, metrics and alert hooks are observers.
+Arguments are names, outcomes and times, never values: an observer cannot leak a secret it
+was never given.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from keyturn.logs import get_logger
+
+
+class Observer(Protocol):
+    def token_request(
+        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
+    ) -> None:
+        """A call to a token endpoint finished; outcome is `success` or an error label."""
+
+    def published(
+        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
+    ) -> None:
+        """A new value is readable by apps."""
+
+    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
+        """The next run of a credential's job is planned for `due`."""
+
+    def failed(
+        self, credential: str, provider: str, kind: str, error: Exception, failures: int
+    ) -> None:
+        """A run failed; `failures` counts consecutive failures."""
+
+    def suspicious(
+        self, credential: str, provider: str, detector: str, severity: str, detail: str
+    ) -> None:
+        """Something that may mean a stolen or tampered credential."""
+
+
+class LoggingObserver:
+    """Structured log lines for each event (secrets never reach here)."""
+
+    def __init__(self) -> None:
+        self._log = get_logger("keyturn.events")
+
+    def token_request(
+        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
+    ) -> None:
+        self._log.debug(
+            "token.request",
+            credential=credential,
+            provider=provider,
+            grant_type=grant_type,
+            outcome=outcome,
+            seconds=round(seconds, 4),
+        )
+
+    def published(
+        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
+    ) -> None:
+        self._log.info(
+            "credential.published",
+            credential=credential,
+            provider=provider,
+            kind=kind,
+            lifetime=round(expires_at - issued_at, 3),
+        )
+
+    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
+        self._log.debug("credential.scheduled", credential=credential, due=due)
+
+    def failed(
+        self, credential: str, provider: str, kind: str, error: Exception, failures: int
+    ) -> None:
+        self._log.warning(
+            "credential.failed",
+            credential=credential,
+            provider=provider,
+            kind=kind,
+            error=str(error),
+            error_type=type(error).__name__,
+            consecutive_failures=failures,
+        )
+
+    def suspicious(
+        self, credential: str, provider: str, detector: str, severity: str, detail: str
+    ) -> None:
+        self._log.warning(
+            "suspicious",
+            credential=credential,
+            provider=provider,
+            detector=detector,
+            severity=severity,
+            detail=detail,
+        )
+
+
+class Observers:
+    """Fans every event out to several observers; one failing observer does not stop others."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self._observers = list(observers)
+        self._log = get_logger("keyturn.events")
+
+    def add(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def _each(self, method: str, *args: object) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, method)(*args)
+            except Exception as exc:  # an observer bug must never stop a refresh
+                self._log.error(
+                    "observer.failed", observer=type(observer).__name__, error=repr(exc)
+                )
+
+    def token_request(
+        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
+    ) -> None:
+        self._each("token_request", credential, provider, grant_type, outcome, seconds)
+
+    def published(
+        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
+    ) -> None:
+        self._each("published", credential, provider, kind, issued_at, expires_at)
+
+    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
+        self._each("scheduled", credential, provider, kind, due)
+
+    def failed(
+        self, credential: str, provider: str, kind: str, error: Exception, failures: int
+    ) -> None:
+        self._each("failed", credential, provider, kind, error, failures)
+
+    def suspicious(
+        self, credential: str, provider: str, detector: str, severity: str, detail: str
+    ) -> None:
+        self._each("suspicious", credential, provider, detector, severity, detail)

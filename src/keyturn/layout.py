@@ -1,0 +1,133 @@
+"""What keyturn keeps in Vault: the fields apps read, and keyturn's private state.
+
+Published (at a credential's `publish_to`, readable by the app):
+    access_token, token_type, expires_at, issued_at, authorization
+    custom_metadata: managed-by=keyturn, credential, expires_at, writer
+
+Private (at `<state_prefix>/<name>`, readable only by keyturn's policy): the refresh token,
+what was last issued and published, the lease that makes one instance at a time use the
+refresh token, and the last outcome for `keyturn status`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from keyturn.clock import parse_rfc3339, rfc3339
+from keyturn.errors import VaultDataError
+from keyturn.secret import Secret
+
+MANAGED_BY = "keyturn"
+
+
+def oauth_published_fields(
+    access_token: Secret, issued_at: float, expires_at: float
+) -> dict[str, str | Secret]:
+    """The KV data an app reads for an OAuth credential."""
+    return {
+        "access_token": access_token,
+        "token_type": "Bearer",
+        "expires_at": rfc3339(expires_at),
+        "issued_at": rfc3339(issued_at),
+        "authorization": Secret(f"Bearer {access_token.reveal()}"),
+    }
+
+
+def published_metadata(credential: str, expires_at: float, writer: str) -> dict[str, str]:
+    """KV custom_metadata on every published path, so readers can schedule and audits can see."""
+    return {
+        "managed-by": MANAGED_BY,
+        "credential": credential,
+        "expires_at": rfc3339(expires_at),
+        "writer": writer,
+    }
+
+
+def state_path(prefix: str, credential: str) -> str:
+    return f"{prefix.strip('/')}/{credential}"
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialState:
+    """keyturn's private record for one credential. Times are epoch seconds."""
+
+    refresh_token: Secret | None = None
+    issued_at: float | None = None
+    expires_at: float | None = None
+    scope: str | None = None
+    published_version: int | None = None
+    writer: str | None = None
+    lease_owner: str | None = None
+    lease_until: float | None = None
+    last_success: float | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+    next_due: float | None = None
+    phase: str = "pending"
+
+    def with_(self, **changes: Any) -> CredentialState:
+        return replace(self, **changes)
+
+    def lease_held_by_other(self, instance: str, now: float) -> bool:
+        return (
+            self.lease_owner is not None
+            and self.lease_owner != instance
+            and self.lease_until is not None
+            and self.lease_until > now
+        )
+
+    def to_data(self) -> dict[str, str | Secret]:
+        """KV data: every value a string (times in RFC 3339), absent values left out."""
+        data: dict[str, str | Secret] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            if field.name in _TIME_FIELDS:
+                data[field.name] = rfc3339(value) if field.name != "lease_until" else repr(value)
+            elif isinstance(value, Secret):
+                data[field.name] = value
+            else:
+                data[field.name] = str(value)
+        return data
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], credential: str) -> CredentialState:
+        """Parse a stored record; a malformed field is a VaultDataError naming it."""
+        values: dict[str, Any] = {}
+        known = {f.name for f in fields(cls)}
+        for name, raw in data.items():
+            if name not in known:
+                continue  # written by a newer keyturn: keep going
+            if not isinstance(raw, str):
+                raise _bad(credential, name, "is not a string")
+            values[name] = _parse_field(name, raw, credential)
+        return cls(**values)
+
+
+_TIME_FIELDS = frozenset({"issued_at", "expires_at", "lease_until", "last_success", "next_due"})
+
+
+def _bad(credential: str, field: str, what: str) -> VaultDataError:
+    return VaultDataError(f"private state field {field!r} {what}", credential=credential)
+
+
+def _parse_field(name: str, raw: str, credential: str) -> Any:
+    if name == "refresh_token":
+        return Secret(raw) if raw else None
+    if name in _TIME_FIELDS:
+        try:
+            value = float(raw) if name == "lease_until" else parse_rfc3339(raw)
+        except ValueError as exc:
+            raise _bad(credential, name, "is not a timestamp") from exc
+        if not math.isfinite(value):
+            raise _bad(credential, name, "is not a finite timestamp")
+        return value
+    if name in {"published_version", "consecutive_failures"}:
+        if not raw.isdigit():
+            raise _bad(credential, name, "is not a whole number")
+        return int(raw)
+    return raw

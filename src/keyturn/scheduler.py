@@ -1,0 +1,167 @@
+"""One APScheduler 3 date job per credential, re-planned after every run.
+
+APScheduler owns *when*; this module owns *how many* and *never twice*: a global semaphore
+bounds concurrent runs (no thread per credential: jobs are coroutines on one event loop), and
+a per-credential lock makes sure one credential never runs twice at once, whatever the
+scheduler's instance bookkeeping does. Misfired jobs run at once (misfire_grace_time=None:
+APScheduler's default of 1 s would silently drop a late job) and are coalesced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.date import DateTrigger
+
+from keyturn.clock import Clock
+from keyturn.layout import CredentialState
+from keyturn.logs import get_logger
+from keyturn.refresher import Outcome
+
+
+class Runnable(Protocol):
+    """A credential's job body: `run(force=…)` returns the outcome with the next due time."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def run(self, *, force: bool = False) -> Outcome: ...
+
+
+@dataclass(slots=True)
+class JobStatus:
+    """What the scheduler knows about one credential, for status and readiness."""
+
+    next_due: float | None = None
+    last_outcome: Outcome | None = None
+    running: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class CredentialScheduler:
+    """Runs each credential's job at its due time; `start`, then `shutdown` to drain."""
+
+    def __init__(
+        self,
+        jobs: Iterable[Runnable],
+        *,
+        clock: Clock,
+        max_concurrency: int = 64,
+        lateness_samples: int = 100_000,
+    ) -> None:
+        self._jobs = {job.name: job for job in jobs}
+        self._status = {name: JobStatus() for name in self._jobs}
+        self._clock = clock
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._accepting = True
+        self._log = get_logger("keyturn.scheduler")
+        # Seconds each scheduled run started after its planned time (for benchmarks/metrics).
+        self.lateness: deque[float] = deque(maxlen=lateness_samples)
+        self._scheduler = AsyncIOScheduler(
+            timezone=UTC,
+            job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
+        )
+        self._periodic: dict[str, Callable[[], Awaitable[float]]] = {}
+
+    @property
+    def status(self) -> dict[str, JobStatus]:
+        return self._status
+
+    def start(self) -> None:
+        """Plan every credential's first run now (it decides itself whether work is due)."""
+        now = self._clock.time()
+        for name in self._jobs:
+            self._plan(name, now)
+        for name in self._periodic:
+            self._plan_periodic(name, now)
+        self._scheduler.start()
+
+    def add_periodic(self, name: str, body: Callable[[], Awaitable[float]]) -> None:
+        """A housekeeping job (e.g. renewing keyturn's own Vault token) that returns the
+        seconds until it wants to run again."""
+        self._periodic[name] = body
+        if self._scheduler.running:
+            self._plan_periodic(name, self._clock.time())
+
+    async def run_now(self, name: str, *, force: bool = True) -> Outcome:
+        """Run a credential's job immediately (waits if it is already running)."""
+        return await self._run(name, self._clock.time(), force=force)
+
+    async def shutdown(self, timeout: float) -> bool:
+        """Stop starting runs, wait up to `timeout` for in-flight ones; True if all finished."""
+        self._accepting = False
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        tasks = set(self._in_flight)
+        if not tasks:
+            return True
+        _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        return not pending
+
+    def _plan(self, name: str, due: float) -> None:
+        if not self._accepting:
+            return
+        self._status[name].next_due = due
+        self._scheduler.add_job(
+            self._fire,
+            trigger=DateTrigger(run_date=datetime.fromtimestamp(due, tz=UTC)),
+            args=[name, due],
+            id=f"credential:{name}",
+            name=name,
+            replace_existing=True,
+        )
+
+    async def _fire(self, name: str, planned: float) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_flight.add(task)
+        try:
+            await self._run(name, planned, force=False)
+        finally:
+            if task is not None:
+                self._in_flight.discard(task)
+
+    async def _run(self, name: str, planned: float, *, force: bool) -> Outcome:
+        status = self._status[name]
+        async with status.lock, self._slots:
+            self.lateness.append(max(0.0, self._clock.time() - planned))
+            status.running = True
+            try:
+                outcome = await self._jobs[name].run(force=force)
+            except Exception as exc:  # a bug in one credential's run must not stop its schedule
+                self._log.exception("job.crashed", credential=name, error=type(exc).__name__)
+                outcome = Outcome(
+                    "failed", self._clock.time() + 30.0, CredentialState(phase="failing")
+                )
+            finally:
+                status.running = False
+            status.last_outcome = outcome
+            self._plan(name, outcome.next_due)
+            return outcome
+
+    def _plan_periodic(self, name: str, due: float) -> None:
+        if not self._accepting:
+            return
+        self._scheduler.add_job(
+            self._fire_periodic,
+            trigger=DateTrigger(run_date=datetime.fromtimestamp(due, tz=UTC)),
+            args=[name],
+            id=f"periodic:{name}",
+            name=name,
+            replace_existing=True,
+        )
+
+    async def _fire_periodic(self, name: str) -> None:
+        try:
+            delay = await self._periodic[name]()
+        except Exception as exc:
+            self._log.exception("periodic.failed", job=name, error=type(exc).__name__)
+            delay = 30.0
+        self._plan_periodic(name, self._clock.time() + max(1.0, delay))

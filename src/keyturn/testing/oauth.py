@@ -1,0 +1,61 @@
+"""A tiny in-process OAuth server for unit tests, served through httpx.MockTransport."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class FakeOAuthServer:
+    """Issues tokens, rotates refresh tokens, accepts each refresh token once."""
+
+    client_id: str = "cid"
+    client_secret: str = "cs-secret-value"
+    expires_in: object = 600
+    issue_refresh: bool = True
+    next_responses: list[httpx.Response] = field(default_factory=list)
+    probe_status: int | None = None
+    grants: list[str] = field(default_factory=list)
+    live_refresh: set[str] = field(default_factory=set)
+    used_refresh: list[str] = field(default_factory=list)
+    access_tokens: list[str] = field(default_factory=list)
+    _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def transport(self) -> httpx.MockTransport:
+        return httpx.MockTransport(self.handle)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/oauth/token":
+            return self._token(json.loads(request.content))
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if self.probe_status is not None:
+            return httpx.Response(self.probe_status)
+        return httpx.Response(200 if token in self.access_tokens else 401, json=[])
+
+    def _token(self, body: dict[str, str]) -> httpx.Response:
+        if self.next_responses:
+            return self.next_responses.pop(0)
+        self.grants.append(body["grant_type"])
+        if body.get("client_secret") != self.client_secret:
+            return httpx.Response(401, json={"error": "invalid_client"})
+        if body["grant_type"] == "refresh_token":
+            presented = body["refresh_token"]
+            self.used_refresh.append(presented)
+            if presented not in self.live_refresh:
+                return httpx.Response(400, json={"error": "invalid_grant"})
+            self.live_refresh.discard(presented)
+        n = next(self._counter)
+        access = f"at-{n}-secretvalue"
+        self.access_tokens.append(access)
+        response: dict[str, object] = {"access_token": access, "token_type": "Bearer"}
+        if self.expires_in is not None:
+            response["expires_in"] = self.expires_in
+        if self.issue_refresh:
+            refresh = f"rt-{n}-secretvalue"
+            self.live_refresh.add(refresh)
+            response["refresh_token"] = refresh
+        return httpx.Response(200, json=response)

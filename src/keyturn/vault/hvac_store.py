@@ -1,0 +1,279 @@
+"""`VaultStore`: `KvStore` on a real Vault or OpenBao KV v2 mount, through hvac.
+
+Every call runs on `VaultClient`'s bounded thread pool and fails only with keyturn's
+`VaultError` tree. A 403 is ambiguous in Vault (policy denial, or a token that expired or was
+revoked), so the store asks the `TokenKeeper`: if the token was the cause, it logs in again
+and retries the call once; otherwise the 403 stands as `VaultPermissionDenied`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from keyturn.clock import Clock
+from keyturn.errors import SecretReferenceError, VaultDataError, VaultPermissionDenied
+from keyturn.secret import Secret
+from keyturn.vault.auth import TokenKeeper, VaultAuth
+from keyturn.vault.client import VaultClient, VaultConnection, api_url
+from keyturn.vault.store import (
+    KvEntry,
+    KvMetadata,
+    KvStore,
+    VersionInfo,
+    reveal_data,
+    validate_path,
+)
+
+_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+class VaultStore:
+    """The real `KvStore`; also the owner of keyturn's Vault token (see `keeper`)."""
+
+    def __init__(
+        self,
+        connection: VaultConnection,
+        auth: VaultAuth,
+        *,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.connection = connection
+        self._auth_method = auth.method
+        self._client = VaultClient(connection)
+        self.keeper = TokenKeeper(
+            self._client, auth, clock=clock, renew_margin=connection.renew_margin, rng=rng
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"VaultStore(address={self.connection.address!r}, mount={self.connection.mount!r}, "
+            f"auth={self._auth_method!r})"
+        )
+
+    @property
+    def mount(self) -> str:
+        return self.connection.mount
+
+    @property
+    def authenticated(self) -> bool:
+        return self.keeper.authenticated
+
+    def token_expires_at(self) -> float | None:
+        return self.keeper.token_expires_at()
+
+    async def maintain_token(self) -> float:
+        """See `TokenKeeper.maintain_token`; the scheduler calls it again after the delay."""
+        return await self.keeper.maintain_token()
+
+    async def read(self, path: str) -> KvEntry | None:
+        validate_path(path)
+        body = await self._call("GET", self.mount, "data", path, operation="read")
+        data = _dict(body.get("data") if body else None)
+        if data is None or data.get("data") is None:
+            return None
+        return _entry(path, data)
+
+    async def write(
+        self,
+        path: str,
+        data: Mapping[str, str | Secret],
+        *,
+        cas: int | None,
+        custom_metadata: Mapping[str, str] | None = None,
+    ) -> int:
+        """KV v2 write, then (a second call) the custom metadata; see `KvStore.write`."""
+        validate_path(path)
+        if cas is not None and (isinstance(cas, bool) or cas < 0):
+            raise ValueError("cas must be None or a non-negative int")
+        payload: dict[str, Any] = {"data": reveal_data(path, data), "options": {}}
+        if cas is not None:
+            payload["options"]["cas"] = cas
+        body = await self._call(
+            "POST", self.mount, "data", path, operation=f"write (cas={cas})", json=payload
+        )
+        version = (_dict(body.get("data")) or {}).get("version") if body else None
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise VaultDataError("vault write: response has no version", path=path)
+        if custom_metadata is not None:
+            metadata = {"custom_metadata": _str_map(path, custom_metadata)}
+            await self._call(
+                "POST", self.mount, "metadata", path, operation="write metadata", json=metadata
+            )
+        return version
+
+    async def read_metadata(self, path: str) -> KvMetadata | None:
+        validate_path(path)
+        body = await self._call("GET", self.mount, "metadata", path, operation="read metadata")
+        data = _dict(body.get("data") if body else None)
+        return _metadata(path, data) if data is not None else None
+
+    async def delete_all(self, path: str) -> None:
+        validate_path(path)
+        await self._call("DELETE", self.mount, "metadata", path, operation="delete all versions")
+
+    async def read_field(self, mount: str, path: str, field: str) -> Secret:
+        validate_path(mount, what="mount")
+        validate_path(path)
+        reference = f"vault:{mount}/{path}#{field}"
+        body = await self._call("GET", mount, "data", path, operation="read field")
+        data = _dict(body.get("data") if body else None)
+        values = _dict(data.get("data")) if data else None
+        if values is None:
+            raise SecretReferenceError(f"{reference}: no secret at {mount}/{path}")
+        if field not in values:
+            raise SecretReferenceError(f"{reference}: the secret has no field {field!r}")
+        value = values[field]
+        if not isinstance(value, str):
+            raise VaultDataError(f"{reference}: field {field!r} is not a string", path=path)
+        return Secret(value)
+
+    async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
+        wanted = [validate_path(path) for path in paths]
+        if not wanted:
+            return {}
+        body = await self._call_url(
+            "POST",
+            api_url("sys/capabilities-self"),
+            operation="capabilities",
+            path=None,
+            json={"paths": wanted},
+        )
+        data = _dict(body.get("data") if body else None) or {}
+        result: dict[str, frozenset[str]] = {}
+        for path in wanted:
+            caps = data.get(path, [])
+            if not isinstance(caps, list) or not all(isinstance(c, str) for c in caps):
+                raise VaultDataError("vault capabilities: malformed answer", path=path)
+            result[path] = frozenset(caps)
+        return result
+
+    async def health(self) -> None:
+        """Vault answers and accepts our token (token look-up); used by /readyz and `check`."""
+        await self.keeper.verify()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(
+        self,
+        method: str,
+        mount: str,
+        kind: str,
+        path: str,
+        *,
+        operation: str,
+        json: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any] | None:
+        return await self._call_url(
+            method,
+            api_url(mount, kind, path),
+            operation=operation,
+            path=f"{mount}/{path}",
+            json=json,
+            missing_ok=method == "GET",
+        )
+
+    async def _call_url(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        path: str | None,
+        json: Mapping[str, Any] | None = None,
+        missing_ok: bool = False,
+    ) -> dict[str, Any] | None:
+        """One data call; on a 403 caused by a dead token: one re-login, one retry."""
+        await self.keeper.ensure_login()
+        generation = self.keeper.generation
+        options: dict[str, Any] = {"operation": operation, "path": path, "json": json}
+        try:
+            return await self._client.request(method, url, missing_ok=missing_ok, **options)
+        except VaultPermissionDenied:
+            if not await self.keeper.token_rejected(generation):
+                raise
+        return await self._client.request(method, url, missing_ok=missing_ok, **options)
+
+
+def parse_time(text: object, *, path: str, what: str) -> float:
+    """Epoch seconds of a Vault RFC 3339 timestamp (nanosecond fractions allowed)."""
+    match = _TIME.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise VaultDataError(f"vault response: {what} is not an RFC 3339 time", path=path)
+    whole, fraction, zone = match.groups()
+    stamp = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    return stamp.astimezone(UTC).timestamp() + float(f"0.{fraction or 0}")
+
+
+def _dict(value: object) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _str_map(path: str, value: object, what: str = "custom_metadata") -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise VaultDataError(f"vault: {what} must map strings to strings", path=path)
+    return dict(value)
+
+
+def _int(section: Mapping[str, Any], name: str, path: str) -> int:
+    value = section.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VaultDataError(f"vault response: {name!r} is not an integer", path=path)
+    return value
+
+
+def _entry(path: str, data: Mapping[str, Any]) -> KvEntry:
+    meta = _dict(data.get("metadata"))
+    if meta is None:
+        raise VaultDataError("vault read: response has no metadata", path=path)
+    values = data.get("data")
+    if not isinstance(values, dict):
+        raise VaultDataError("vault read: data is not an object", path=path)
+    for key, value in values.items():
+        if not isinstance(value, str):
+            raise VaultDataError(f"vault read: field {key!r} is not a string", path=path)
+    return KvEntry(
+        path=path,
+        data=dict(values),
+        version=_int(meta, "version", path),
+        custom_metadata=_str_map(path, meta.get("custom_metadata")),
+        created_time=parse_time(meta.get("created_time"), path=path, what="created_time"),
+    )
+
+
+def _metadata(path: str, data: Mapping[str, Any]) -> KvMetadata:
+    raw_versions = _dict(data.get("versions")) or {}
+    versions: dict[int, VersionInfo] = {}
+    for number, info in raw_versions.items():
+        if not number.isdigit() or not isinstance(info, dict):
+            raise VaultDataError("vault metadata: malformed versions", path=path)
+        deleted = info.get("deletion_time")
+        versions[int(number)] = VersionInfo(
+            created_time=parse_time(info.get("created_time"), path=path, what="created_time"),
+            deletion_time=parse_time(deleted, path=path, what="deletion_time") if deleted else None,
+            destroyed=bool(info.get("destroyed")),
+        )
+    return KvMetadata(
+        path=path,
+        current_version=_int(data, "current_version", path),
+        oldest_version=_int(data, "oldest_version", path),
+        custom_metadata=_str_map(path, data.get("custom_metadata")),
+        versions=versions,
+        created_time=parse_time(data.get("created_time"), path=path, what="created_time"),
+        updated_time=parse_time(data.get("updated_time"), path=path, what="updated_time"),
+    )
+
+
+if TYPE_CHECKING:  # mypy proves the store satisfies the interface
+
+    def _conforms(store: VaultStore) -> KvStore:
+        return store

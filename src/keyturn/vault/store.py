@@ -1,0 +1,141 @@
+"""The Vault interface the rest of keyturn codes against: `KvStore` and its value types.
+
+Two implementations satisfy it: `keyturn.vault.hvac_store.VaultStore` (a real Vault or OpenBao
+KV v2 mount through hvac) and `keyturn.testing.vault.FakeVaultStore` (in memory, for unit
+tests). One contract suite (tests/integration/test_vault_contract.py) runs over both, so the
+fake cannot drift from what OpenBao does.
+
+Values come back as plain `str`: the caller knows which fields are secret and wraps them in
+`Secret` itself. `Secret` values handed to `write` are revealed only at the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from keyturn.secret import Secret
+
+
+@dataclass(frozen=True, slots=True)
+class KvEntry:
+    """The latest live version of a KV v2 secret."""
+
+    path: str  # relative to the mount
+    data: Mapping[str, str]
+    version: int
+    custom_metadata: Mapping[str, str]
+    created_time: float  # epoch seconds of this version
+
+
+@dataclass(frozen=True, slots=True)
+class VersionInfo:
+    """One version in a secret's history; deleted versions can be undeleted, destroyed cannot."""
+
+    created_time: float
+    deletion_time: float | None
+    destroyed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class KvMetadata:
+    """A secret's metadata: what detectors compare against what keyturn last wrote."""
+
+    path: str
+    current_version: int
+    oldest_version: int  # 0 until old versions have been pruned (KV v2 keeps max_versions)
+    custom_metadata: Mapping[str, str]
+    versions: Mapping[int, VersionInfo]
+    created_time: float
+    updated_time: float
+
+
+@runtime_checkable
+class KvStore(Protocol):
+    """Async access to one KV v2 mount (plus `read_field` on any mount, for references)."""
+
+    async def read(self, path: str) -> KvEntry | None:
+        """The latest version; None if never written or the latest version is deleted/destroyed."""
+        ...
+
+    async def write(
+        self,
+        path: str,
+        data: Mapping[str, str | Secret],
+        *,
+        cas: int | None,
+        custom_metadata: Mapping[str, str] | None = None,
+    ) -> int:
+        """Write a new version and return its number.
+
+        `cas=0`: the path must not exist; `cas=N`: the current version must be N; `cas=None`:
+        unconditional. A lost check-and-set raises `VaultCasConflict`. `custom_metadata`, when
+        given, replaces the path's custom metadata in a *second* call after the data write:
+        if that call fails, the new version exists without the new metadata.
+        """
+        ...
+
+    async def read_metadata(self, path: str) -> KvMetadata | None:
+        """The metadata and version history; None if the path has no metadata at all."""
+        ...
+
+    async def delete_all(self, path: str) -> None:
+        """Delete the metadata and every version (locks, state cleanup); no error if absent."""
+        ...
+
+    async def read_field(self, mount: str, path: str, field: str) -> Secret:
+        """One string field of `vault:<mount>/<path>#<field>` on any KV v2 mount.
+
+        A missing secret or field raises `SecretReferenceError`; a non-string value
+        `VaultDataError`. Both name mount, path and field, never the value.
+        """
+        ...
+
+    async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
+        """Our token's capabilities on full API paths (e.g. `secret/data/apps/x`)."""
+        ...
+
+    async def health(self) -> None:
+        """Return if Vault answers and our token is valid; else VaultUnavailable/VaultAuthError."""
+        ...
+
+    async def close(self) -> None:
+        """Release threads and connections; the store is unusable afterwards."""
+        ...
+
+
+def validate_path(path: str, *, what: str = "path") -> str:
+    """Return `path` if it is a clean relative Vault path, else raise ValueError.
+
+    Rejects leading or trailing slashes, empty, `.` and `..` segments and control characters,
+    so a path from configuration can never escape its mount or its prefix.
+    """
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"vault {what} must be a non-empty string")
+    if path.startswith("/") or path.endswith("/"):
+        raise ValueError(f"vault {what} {path!r} must not start or end with '/'")
+    if any(ord(char) < 0x20 or char == "\x7f" for char in path):
+        raise ValueError(f"vault {what} {path!r} contains a control character")
+    for segment in path.split("/"):
+        if segment in ("", ".", ".."):
+            raise ValueError(f"vault {what} {path!r} contains an empty, '.' or '..' segment")
+    return path
+
+
+def reveal_data(path: str, data: Mapping[str, str | Secret]) -> dict[str, str]:
+    """The wire form of `write` data: `Secret`s revealed, anything but str rejected."""
+    wire: dict[str, str] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"vault write to {path}: field names must be non-empty strings")
+        if isinstance(value, Secret):
+            wire[key] = value.reveal()
+        elif isinstance(value, str):
+            wire[key] = value
+        else:
+            raise TypeError(
+                f"vault write to {path}: field {key!r} must be str or Secret, "
+                f"not {type(value).__name__}"
+            )
+    return wire

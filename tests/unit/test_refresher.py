@@ -1,0 +1,300 @@
+"""The OAuth refresh flow over fakes: FakeVaultStore, a MockTransport OAuth server, FakeClock."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from keyturn.clock import FakeClock, parse_rfc3339
+from keyturn.errors import VaultUnavailable
+from keyturn.layout import CredentialState
+from keyturn.policy import BackoffPolicy, RefreshPolicy
+from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.refresher import OAuthRefresher, OAuthTarget
+from keyturn.secret import Secret
+from keyturn.testing.oauth import FakeOAuthServer
+from keyturn.testing.vault import FakeVaultStore
+
+STATE = "keyturn/state/reporting"
+PUBLISHED = "apps/reporting/acme"
+
+
+@dataclass
+class RecordingObserver:
+    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
+
+    def __getattr__(self, name: str):  # token_request, published, scheduled, failed, suspicious
+        def record(*args: object) -> None:
+            self.calls.append((name, args))
+
+        return record
+
+    def named(self, name: str) -> list[tuple[object, ...]]:
+        return [args for call, args in self.calls if call == name]
+
+
+@dataclass
+class World:
+    clock: FakeClock
+    store: FakeVaultStore
+    server: FakeOAuthServer
+    observer: RecordingObserver
+    inputs: dict[str, tuple[str, Secret]]
+
+    def refresher(
+        self, instance: str = "i-1", probe: str | None = "/v1/projects"
+    ) -> OAuthRefresher:
+        client = ProviderClient(
+            ProviderSettings(name="acme", base_url="https://acme.test"),
+            clock=self.clock,
+            transport=self.server.transport(),
+        )
+
+        async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
+            return self.inputs[name]
+
+        return OAuthRefresher(
+            OAuthTarget(
+                name="reporting",
+                provider="acme",
+                publish_to=PUBLISHED,
+                probe=probe,
+                refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
+                backoff=BackoffPolicy(initial=1, maximum=300),
+            ),
+            client=client,
+            store=self.store,
+            inputs=inputs,
+            observer=self.observer,
+            clock=self.clock,
+            rng=random.Random(4),
+            instance_id=instance,
+            state_prefix="keyturn/state",
+        )
+
+    async def state(self) -> CredentialState:
+        entry = await self.store.read(STATE)
+        assert entry is not None
+        return CredentialState.from_data(entry.data, "reporting")
+
+
+@pytest.fixture
+def world() -> World:
+    clock = FakeClock()
+    server = FakeOAuthServer()
+    return World(
+        clock=clock,
+        store=FakeVaultStore(clock=clock),
+        server=server,
+        observer=RecordingObserver(),
+        inputs={"reporting": ("cid", Secret(server.client_secret))},
+    )
+
+
+async def test_first_run_publishes_what_apps_read(world: World) -> None:
+    outcome = await world.refresher().run()
+    assert outcome.action == "refreshed"
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None
+    assert entry.data["access_token"] == "at-1-secretvalue"
+    assert entry.data["authorization"] == "Bearer at-1-secretvalue"
+    assert entry.data["token_type"] == "Bearer"
+    assert parse_rfc3339(entry.data["expires_at"]) == int(world.clock.time()) + 600
+    assert entry.custom_metadata == {
+        "managed-by": "keyturn",
+        "credential": "reporting",
+        "expires_at": entry.data["expires_at"],
+        "writer": "i-1",
+    }
+    state = await world.state()
+    assert state.refresh_token == Secret("rt-1-secretvalue")
+    assert state.published_version == entry.version
+    assert state.lease_owner is None and state.phase == "ok"
+    assert world.clock.time() + 0.56 * 600 <= outcome.next_due <= world.clock.time() + 0.76 * 600
+
+
+async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
+    await world.refresher().run()
+    paths = [path for path, _ in world.store.writes]
+    # lease, rotated refresh token, then publish, then the success record
+    assert paths == [STATE, STATE, PUBLISHED, STATE]
+
+
+async def test_nothing_is_requested_while_the_token_is_fresh(world: World) -> None:
+    refresher = world.refresher()
+    first = await refresher.run()
+    world.clock.advance(100)  # well before the earliest refresh time (0.56 * 600)
+    again = await refresher.run()
+    assert again.action == "fresh"
+    assert world.server.grants == ["client_credentials"]
+    assert again.next_due == pytest.approx(first.next_due, abs=0.2 * 600)
+
+
+async def test_due_refresh_uses_the_refresh_token_exactly_once(world: World) -> None:
+    refresher = world.refresher()
+    for _ in range(4):
+        outcome = await refresher.run()
+        world.clock.advance(outcome.next_due - world.clock.time())
+    assert world.server.grants == ["client_credentials"] + ["refresh_token"] * 3
+    assert len(world.server.used_refresh) == len(set(world.server.used_refresh)) == 3
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None and entry.data["access_token"] == "at-4-secretvalue"
+
+
+async def test_invalid_grant_is_reported_and_falls_back_to_client_credentials(world: World) -> None:
+    refresher = world.refresher()
+    outcome = await refresher.run()
+    world.server.live_refresh.clear()  # someone else used (or revoked) our refresh token
+    world.clock.advance(outcome.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "refreshed"
+    assert world.server.grants == ["client_credentials", "refresh_token", "client_credentials"]
+    suspicious = world.observer.named("suspicious")
+    assert [s[2] for s in suspicious] == ["refresh_token_rejected"]
+    assert (await world.state()).refresh_token == Secret("rt-2-secretvalue")
+
+
+async def test_a_token_rejected_by_the_probe_is_never_published(world: World) -> None:
+    refresher = world.refresher()
+    first = await refresher.run()
+    before = await world.store.read(PUBLISHED)
+    world.server.probe_status = 401
+    world.clock.advance(first.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "failed"
+    assert "rejected by probe" in str(outcome.error)
+    after = await world.store.read(PUBLISHED)
+    assert before is not None and after is not None and after.version == before.version
+    state = await world.state()
+    assert state.phase == "failing" and state.consecutive_failures == 1
+    # the new refresh token was kept even though nothing was published
+    assert state.refresh_token == Secret("rt-2-secretvalue")
+    assert [s[2] for s in world.observer.named("suspicious")] == ["fresh_credential_rejected"]
+
+
+@pytest.mark.parametrize(
+    ("response", "needle"),
+    [
+        (
+            httpx.Response(
+                200, json={"access_token": "x", "token_type": "Bearer", "expires_in": -1}
+            ),
+            "expires_in",
+        ),
+        (httpx.Response(200, content=b"<html>"), "body"),
+        (httpx.Response(502), "HTTP 502"),
+    ],
+)
+async def test_bad_responses_fail_without_publishing(world: World, response, needle) -> None:
+    world.server.next_responses.append(response)
+    outcome = await world.refresher().run()
+    assert outcome.action == "failed"
+    assert needle in str(outcome.error)
+    assert await world.store.read(PUBLISHED) is None
+    assert (await world.state()).last_error == str(outcome.error)
+
+
+async def test_backoff_grows_and_honours_retry_after(world: World) -> None:
+    refresher = world.refresher()
+    world.server.next_responses += [httpx.Response(503)] * 5
+    delays = []
+    for _ in range(5):
+        outcome = await refresher.run()
+        delays.append(outcome.next_due - world.clock.time())
+    assert (await world.state()).consecutive_failures == 5
+    for attempt, delay in enumerate(delays):  # full jitter below a cap that doubles
+        assert 1 <= delay <= 2**attempt
+    world.server.next_responses.append(httpx.Response(429, headers={"Retry-After": "120"}))
+    outcome = await refresher.run()
+    assert outcome.next_due - world.clock.time() >= 120
+    assert (await world.state()).consecutive_failures == 6
+
+
+async def test_a_lease_held_by_another_instance_is_respected(world: World) -> None:
+    await world.store.write(
+        STATE,
+        CredentialState(lease_owner="i-2", lease_until=world.clock.time() + 30).to_data(),
+        cas=0,
+    )
+    outcome = await world.refresher("i-1").run()
+    assert outcome.action == "lease_held"
+    assert "i-2" in str(outcome.error)
+    assert world.server.grants == []
+    assert outcome.next_due >= world.clock.time() + 30
+    world.clock.advance(31)  # an expired lease (the other instance died) is taken over
+    assert (await world.refresher("i-1").run()).action == "refreshed"
+
+
+async def test_an_external_write_is_reported_and_overwritten(world: World) -> None:
+    refresher = world.refresher()
+    outcome = await refresher.run()
+    world.store.external_write(PUBLISHED, {"access_token": "planted"})
+    world.clock.advance(outcome.next_due - world.clock.time())
+    outcome = await refresher.run(force=True)
+    assert outcome.action == "refreshed"
+    assert [s[2] for s in world.observer.named("suspicious")] == ["published_secret_changed"]
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None and entry.data["access_token"] != "planted"
+
+
+async def test_a_changed_published_value_is_republished_at_start(world: World) -> None:
+    refresher = world.refresher()
+    await refresher.run()
+    world.store.external_write(PUBLISHED, {"access_token": "planted"})
+    outcome = await refresher.run()  # not due, but what apps read is not ours
+    assert outcome.action == "refreshed"
+
+
+async def test_vault_down_is_a_failed_outcome_not_an_exception(world: World) -> None:
+    world.store.unavailable = True
+    outcome = await world.refresher().run()
+    assert outcome.action == "failed"
+    assert isinstance(outcome.error, VaultUnavailable)
+    assert outcome.next_due > world.clock.time()
+
+
+async def test_a_malformed_state_record_is_named_and_left_alone(world: World) -> None:
+    world.store.external_write(STATE, {"expires_at": "tomorrow", "refresh_token": "rt-keep"})
+    outcome = await world.refresher().run()
+    assert outcome.action == "failed"
+    assert "expires_at" in str(outcome.error) and "reporting" in str(outcome.error)
+    entry = await world.store.read(STATE)
+    assert entry is not None and entry.data["refresh_token"] == "rt-keep"  # nothing lost
+    assert world.server.grants == []
+
+
+async def test_without_refresh_tokens_client_credentials_runs_again(world: World) -> None:
+    world.server.issue_refresh = False
+    refresher = world.refresher()
+    for _ in range(3):
+        outcome = await refresher.run()
+        world.clock.advance(outcome.next_due - world.clock.time())
+    assert world.server.grants == ["client_credentials"] * 3
+
+
+async def test_missing_expires_in_uses_the_default_lifetime(world: World) -> None:
+    world.server.expires_in = None
+    await world.refresher().run()
+    state = await world.state()
+    assert state.expires_at is not None and state.issued_at is not None
+    assert state.expires_at - state.issued_at == pytest.approx(3600, abs=1)
+
+
+async def test_no_secret_reaches_observers_or_outcomes(world: World) -> None:
+    refresher = world.refresher()
+    for _ in range(3):
+        outcome = await refresher.run()
+        world.clock.advance(outcome.next_due - world.clock.time())
+    world.server.probe_status = 401
+    outcome = await refresher.run(force=True)
+    text = repr(world.observer.calls) + repr(outcome) + str(outcome.error)
+    assert "secretvalue" not in text
+    assert "cs-secret-value" not in text
+    assert (
+        json.dumps([str(a) for _, args in world.observer.calls for a in args]).count("secretvalue")
+        == 0
+    )
