@@ -24,10 +24,11 @@ import hvac
 
 from keyturn.clock import SystemClock, parse_rfc3339
 from keyturn.commands.run import run_daemon
-from keyturn.config import load_config
+from keyturn.config import Config, load_config
 from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.dev.sandbox import SandboxProcess
 from keyturn.logs import configure_logging
+from keyturn.testing.deployment import prepare_deployment
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,60 +53,23 @@ def run(args: argparse.Namespace) -> int:
         ):
             config_path = _prepare(workdir, vault, sandbox, args.credentials)
             _banner(workdir, vault, sandbox)
-            return asyncio.run(_live(config_path, sandbox, args.duration))
+            return asyncio.run(_live(config_path, vault, sandbox, args.duration))
 
 
 def _prepare(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess, count: int) -> Path:
     """Register OAuth clients, store their inputs in Vault, write keyturn.toml and env.sh."""
-    root = hvac.Client(url=vault.address, token=vault.root_token)
-    token_file = workdir / "vault-token"
-    token_file.write_text(vault.root_token)
-    token_file.chmod(0o600)
-    clients = [sandbox.bootstrap["oauth_client"]]
-    clients += [sandbox.admin.create_oauth_app(f"demo-app-{i}") for i in range(1, count)]
-    credentials = []
-    for i, client in enumerate(clients):
-        name = f"app{i + 1}"
-        root.secrets.kv.v2.create_or_update_secret(
-            path=f"keyturn/inputs/{name}",
-            secret={"client_id": client["client_id"], "client_secret": client["client_secret"]},
-        )
-        credentials.append(
-            f"""
-[[credentials]]
-name = "{name}"
-provider = "sandbox"
-kind = "oauth_client"
-client_id = "vault:secret/keyturn/inputs/{name}#client_id"
-client_secret = "vault:secret/keyturn/inputs/{name}#client_secret"
-publish_to = "apps/{name}/sandbox"
-probe = "/v1/projects"
-refresh = {{ margin = "1s", min_interval = "1s" }}
-backoff = {{ initial = "500ms", max = "5s" }}
-"""
-        )
-    config = f"""# Written by `keyturn demo`.
-[keyturn]
-instance_id = "demo"
-
-[vault]
-address = "{vault.address}"
-auth = {{ method = "token_file", path = "{token_file}" }}
-mount = "secret"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "sandbox"
-base_url = "{sandbox.base_url}"
-allow_insecure_http = true
-token_request = "json"
-client_auth = "body"
-timeout = "3s"
-""" + "".join(credentials)
-    config_path = workdir / "keyturn.toml"
-    config_path.write_text(config)
+    deployment = prepare_deployment(
+        vault,
+        sandbox,
+        workdir,
+        [f"app{i + 1}" for i in range(count)],
+        keyturn={"instance_id": "demo"},
+        credential={
+            "refresh": {"margin": "1s", "min_interval": "1s"},
+            "backoff": {"initial": "500ms", "max": "5s"},
+        },
+        use_bootstrap_client=True,
+    )
     bootstrap = sandbox.bootstrap
     env = {
         "VAULT_ADDR": vault.address,
@@ -117,12 +81,12 @@ timeout = "3s"
         "API_KEY": bootstrap["api_key"]["key"],
         "CLIENT_ID": bootstrap["oauth_client"]["client_id"],
         "CLIENT_SECRET": bootstrap["oauth_client"]["client_secret"],
-        "KEYTURN_CONFIG": str(config_path),
+        "KEYTURN_CONFIG": str(deployment.config_path),
     }
     env_path = workdir / "env.sh"
     env_path.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
     env_path.chmod(0o600)
-    return config_path
+    return deployment.config_path
 
 
 def _banner(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess) -> None:
@@ -139,7 +103,9 @@ Ctrl-C stops everything.
     )
 
 
-async def _live(config_path: Path, sandbox: SandboxProcess, duration: float) -> int:
+async def _live(
+    config_path: Path, server: OpenBaoDevServer, sandbox: SandboxProcess, duration: float
+) -> int:
     config = load_config(config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -150,15 +116,10 @@ async def _live(config_path: Path, sandbox: SandboxProcess, duration: float) -> 
     await started.wait()
     clock = SystemClock()
     deadline = clock.monotonic() + duration if duration else None
-    vault = hvac.Client(
-        url=config.vault.address,
-        token=Path(
-            config.vault.auth.path  # type: ignore[union-attr]
-        ).read_text(),
-    )
+    vault = hvac.Client(url=server.address, token=server.root_token)
     async with httpx.AsyncClient(base_url=sandbox.base_url, timeout=3.0) as http:
         while not stop.is_set() and not daemon.done():
-            await _print_app_view(config_path, config, vault, http, clock)
+            await _print_app_view(config, vault, http, clock)
             if deadline is not None and clock.monotonic() >= deadline:
                 stop.set()
             with contextlib.suppress(TimeoutError):
@@ -166,7 +127,9 @@ async def _live(config_path: Path, sandbox: SandboxProcess, duration: float) -> 
     return await daemon
 
 
-async def _print_app_view(config_path, config, vault, http, clock) -> None:  # type: ignore[no-untyped-def]
+async def _print_app_view(
+    config: Config, vault: hvac.Client, http: httpx.AsyncClient, clock: SystemClock
+) -> None:
     """Read each published path as an app would and call the service with it."""
     cells = []
     for credential in config.credentials:
