@@ -24,13 +24,18 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_or_report(path: Path) -> Config | None:
-    """The configuration, or None after printing one line per problem to stderr."""
+def load_or_report(path: Path, *, one_shot: bool = True) -> Config | None:
+    """The configuration, or None after printing one line per problem to stderr.
+
+    One-shot commands (check, status, refresh) log warnings and errors only: their answer is
+    their output, not a stream of info lines.
+    """
     try:
         config = load_config(path)
     except ConfigError as error:
         for problem in error.problems:
             print(problem, file=sys.stderr)
         return None
-    configure_logging(config.keyturn.log_level)
+    level = config.keyturn.log_level
+    configure_logging("warning" if one_shot and level in ("debug", "info") else level)
     return config

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_or_report(args.config)
+    config = load_or_report(args.config, one_shot=False)
     if config is None:
         return 1
     try:

@@ -1,0 +1,130 @@
+"""CredentialScheduler on a real event loop with due times a few milliseconds away."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from keyturn.clock import SystemClock
+from keyturn.layout import CredentialState
+from keyturn.refresher import Outcome
+from keyturn.scheduler import CredentialScheduler
+
+CLOCK = SystemClock()
+
+
+@dataclass
+class Probe:
+    """A fake credential job that records how often and how concurrently it ran."""
+
+    name: str
+    work: float = 0.01
+    next_in: float = 0.02
+    crash: bool = False
+    runs: int = 0
+    forced: int = 0
+    running: int = 0
+    max_running: int = 0
+    shared: dict[str, int] = field(default_factory=lambda: {"now": 0, "max": 0})
+
+    async def run(self, *, force: bool = False) -> Outcome:
+        self.runs += 1
+        self.forced += force
+        self.running += 1
+        self.shared["now"] += 1
+        self.max_running = max(self.max_running, self.running)
+        self.shared["max"] = max(self.shared["max"], self.shared["now"])
+        try:
+            await asyncio.sleep(self.work)
+            if self.crash:
+                raise RuntimeError("bug in a job")
+            return Outcome("refreshed", CLOCK.time() + self.next_in, CredentialState())
+        finally:
+            self.running -= 1
+            self.shared["now"] -= 1
+
+
+async def wait_until(predicate, timeout: float = 5.0) -> None:
+    deadline = CLOCK.monotonic() + timeout
+    while not predicate():
+        assert CLOCK.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_every_job_runs_at_start_and_again_when_due() -> None:
+    jobs = [Probe("a"), Probe("b")]
+    scheduler = CredentialScheduler(jobs, clock=CLOCK)
+    scheduler.start()
+    await wait_until(lambda: all(job.runs >= 3 for job in jobs))
+    assert await scheduler.shutdown(timeout=5)
+    assert all(scheduler.status[j.name].last_outcome is not None for j in jobs)
+
+
+async def test_a_long_overdue_job_still_runs() -> None:
+    job = Probe("late", next_in=-3600)  # planned an hour ago: a misfire must not be dropped
+    scheduler = CredentialScheduler([job], clock=CLOCK)
+    scheduler.start()
+    await wait_until(lambda: job.runs >= 3)
+    await scheduler.shutdown(timeout=5)
+    assert min(scheduler.lateness) >= 0
+
+
+async def test_one_credential_never_runs_twice_at_once() -> None:
+    job = Probe("solo", work=0.05, next_in=0.0)
+    scheduler = CredentialScheduler([job], clock=CLOCK)
+    scheduler.start()
+    await asyncio.gather(*(scheduler.run_now("solo") for _ in range(5)))
+    await scheduler.shutdown(timeout=5)
+    assert job.forced == 5
+    assert job.max_running == 1
+
+
+async def test_concurrency_is_bounded_across_credentials() -> None:
+    shared = {"now": 0, "max": 0}
+    jobs = [Probe(f"c{i}", work=0.05, shared=shared) for i in range(8)]
+    scheduler = CredentialScheduler(jobs, clock=CLOCK, max_concurrency=2)
+    scheduler.start()
+    await wait_until(lambda: all(job.runs >= 1 for job in jobs))
+    await scheduler.shutdown(timeout=5)
+    assert shared["max"] == 2
+
+
+async def test_a_crashing_job_is_rescheduled_and_does_not_stop_others() -> None:
+    broken, healthy = Probe("broken", crash=True), Probe("healthy")
+    scheduler = CredentialScheduler([broken, healthy], clock=CLOCK)
+    scheduler.start()
+    await wait_until(lambda: healthy.runs >= 5)
+    await scheduler.shutdown(timeout=5)
+    assert broken.runs >= 1
+    outcome = scheduler.status["broken"].last_outcome
+    assert outcome is not None
+    assert outcome.action == "failed"
+    assert outcome.next_due > CLOCK.time()  # retried later, not in a hot loop
+
+
+async def test_shutdown_waits_for_in_flight_runs() -> None:
+    job = Probe("slow", work=0.3)
+    scheduler = CredentialScheduler([job], clock=CLOCK)
+    scheduler.start()
+    await wait_until(lambda: job.running == 1)
+    assert await scheduler.shutdown(timeout=5)
+    assert job.running == 0
+    runs = job.runs
+    await asyncio.sleep(0.1)
+    assert job.runs == runs  # nothing starts after shutdown
+
+
+async def test_periodic_jobs_run_at_the_delay_they_ask_for() -> None:
+    calls: list[float] = []
+
+    async def maintain() -> float:
+        calls.append(CLOCK.time())
+        return 0.0  # asks for "now": the scheduler still waits at least 1 s
+
+    scheduler = CredentialScheduler([], clock=CLOCK)
+    scheduler.add_periodic("vault-token", maintain)
+    scheduler.start()
+    await wait_until(lambda: len(calls) >= 1)
+    await asyncio.sleep(0.3)
+    await scheduler.shutdown(timeout=5)
+    assert len(calls) == 1
