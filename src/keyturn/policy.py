@@ -27,7 +27,9 @@ class BackoffPolicy:
     multiplier: float = 2.0
 
 
-def refresh_window(issued_at: float, expires_at: float, policy: RefreshPolicy) -> tuple[float, float]:
+def refresh_window(
+    issued_at: float, expires_at: float, policy: RefreshPolicy
+) -> tuple[float, float]:
     """The earliest and latest planned refresh times for a token (epoch seconds).
 
     The latest is clamped to `expires_at - margin`; for a lifetime shorter than the margin it

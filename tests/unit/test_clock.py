@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -50,6 +51,4 @@ def test_parse_rfc3339_rejects_naive_timestamps() -> None:
 
 
 def test_system_clock_is_close_to_the_epoch_clock() -> None:
-    import time
-
     assert abs(SystemClock().time() - time.time()) < 5

@@ -65,10 +65,8 @@ class OpenBaoDevServer:
             ]
             if self._audit:
                 config = self._workdir / "audit.hcl"
-                config.write_text(
-                    'audit "file" "file" {\n  options { file_path = "%s" }\n}\n'
-                    % self.audit_log_path
-                )
+                audit = f'options {{ file_path = "{self.audit_log_path}" }}'
+                config.write_text(f'audit "file" "file" {{\n  {audit}\n}}\n')
                 args.append(f"-config={config}")
             env = {
                 **os.environ,
@@ -78,7 +76,7 @@ class OpenBaoDevServer:
                 "HOME": str(self._workdir),
             }
             log = self._log_path.open("ab")
-            self._process = subprocess.Popen(  # noqa: S603 - fixed argv, our own binary
+            self._process = subprocess.Popen(  # fixed argv, our own binary
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._workdir
             )
             log.close()
