@@ -20,10 +20,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/sandbox_throughput.py

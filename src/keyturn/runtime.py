@@ -20,7 +20,7 @@ from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
 from keyturn.vault.open import open_vault_store
-from keyturn.vault.store import KvStore
+from keyturn.vault.hvac_store import VaultStore
 
 
 def provider_settings(provider: ProviderConfig) -> ProviderSettings:
@@ -76,7 +76,7 @@ class CredentialInputs:
 class Runtime:
     config: Config
     clock: Clock
-    store: KvStore
+    store: VaultStore
     clients: Mapping[str, ProviderClient]
     inputs: CredentialInputs
     observers: Observers

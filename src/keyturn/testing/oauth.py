@@ -23,7 +23,7 @@ class FakeOAuthServer:
     live_refresh: set[str] = field(default_factory=set)
     used_refresh: list[str] = field(default_factory=list)
     access_tokens: list[str] = field(default_factory=list)
-    _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)

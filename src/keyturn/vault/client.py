@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-import hvac  # type: ignore[import-untyped]  # no stubs: hvac stays behind this module
-import hvac.adapters  # type: ignore[import-untyped]
-import hvac.exceptions as hvac_errors  # type: ignore[import-untyped]
+import hvac  # no stubs: hvac stays behind this module
+import hvac.adapters
+import hvac.exceptions as hvac_errors
 import requests
 from requests.adapters import HTTPAdapter
 
