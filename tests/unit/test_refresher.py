@@ -298,3 +298,74 @@ async def test_no_secret_reaches_observers_or_outcomes(world: World) -> None:
         json.dumps([str(a) for _, args in world.observer.calls for a in args]).count("secretvalue")
         == 0
     )
+
+
+MALFORMED = {
+    "missing access_token": (
+        {"token_type": "Bearer", "expires_in": 60},
+        "access_token: missing or not a non-empty string",
+    ),
+    "negative expires_in": (
+        {"access_token": "a", "token_type": "Bearer", "expires_in": -5},
+        "expires_in: must be a positive number of seconds",
+    ),
+    "non-numeric expires_in": (
+        {"access_token": "a", "token_type": "Bearer", "expires_in": "later"},
+        "expires_in: not a number",
+    ),
+    "unexpected token_type": (
+        {"access_token": "a", "token_type": "mac", "expires_in": 60},
+        "token_type: expected 'Bearer', got 'mac'",
+    ),
+    "not JSON": (b"<html>oops</html>", "body: body is not JSON"),
+    "oversized": (b"{" + b" " * 70_000 + b"}", "body: response larger than 65536 bytes"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+async def test_each_malformed_response_is_a_clear_error_and_others_keep_refreshing(
+    world: World, kind: str
+) -> None:
+    """Two credentials on one provider: one gets a malformed response, the other does not."""
+    body, message = MALFORMED[kind]
+    good = world.refresher()
+    bad_store_path = "apps/bad/acme"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/oauth/token" and json.loads(request.content)["client_id"] == "bad":
+            if isinstance(body, bytes):
+                return httpx.Response(200, content=body)
+            return httpx.Response(200, json=body)
+        return world.server.handle(request)
+
+    client = ProviderClient(
+        ProviderSettings(name="acme", base_url="https://acme.test"),
+        clock=world.clock,
+        transport=httpx.MockTransport(handler),
+    )
+
+    async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
+        return ("bad", Secret("cs-secret-value"))
+
+    bad = OAuthRefresher(
+        OAuthTarget(name="bad", provider="acme", publish_to=bad_store_path),
+        client=client,
+        store=world.store,
+        inputs=inputs,
+        observer=world.observer,
+        clock=world.clock,
+        rng=random.Random(1),
+        instance_id="i-1",
+        state_prefix="keyturn/state",
+    )
+    for _ in range(3):
+        bad_outcome = await bad.run()
+        good_outcome = await good.run(force=True)
+        assert bad_outcome.action == "failed"
+        assert good_outcome.action == "refreshed"
+    assert str(bad_outcome.error) == f"bad: {message}"
+    assert await world.store.read(bad_store_path) is None
+    assert (await world.store.read(PUBLISHED)) is not None
+    failures = world.observer.named("failed")
+    assert [f[0] for f in failures] == ["bad"] * 3
+    assert [f[4] for f in failures] == [1, 2, 3]
