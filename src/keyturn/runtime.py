@@ -19,8 +19,8 @@ from keyturn.references import ReferenceResolver
 from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
-from keyturn.vault.open import open_vault_store
 from keyturn.vault.hvac_store import VaultStore
+from keyturn.vault.open import open_vault_store
 
 
 def provider_settings(provider: ProviderConfig) -> ProviderSettings:
