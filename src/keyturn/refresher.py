@@ -146,9 +146,8 @@ class OAuthRefresher:
             return Outcome("fresh", due, state)
         if state.lease_held_by_other(self._instance, now):
             return self._lease_held(state, state.lease_until or now)
-        leased = state.with_(
-            lease_owner=self._instance, lease_until=now + self._lease_seconds, phase="refreshing"
-        )
+        # The phase stays what the last run left (ok, failing, …): status shows the lease apart.
+        leased = state.with_(lease_owner=self._instance, lease_until=now + self._lease_seconds)
         try:
             state, version = await self._write_state(leased, version)
         except VaultCasConflict:

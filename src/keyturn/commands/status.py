@@ -32,6 +32,7 @@ class StatusRow:
     last_success: str | None
     last_error: str | None
     consecutive_failures: int
+    refreshing: bool
     owner: str | None
     published_version: int | None
 
@@ -84,6 +85,7 @@ async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[Stat
             last_success=_time(state.last_success),
             last_error=state.last_error,
             consecutive_failures=state.consecutive_failures,
+            refreshing=state.lease_until is not None and state.lease_until > clock.time(),
             owner=state.lease_owner or state.writer,
             published_version=state.published_version,
         )
