@@ -36,6 +36,10 @@ class Observer(Protocol):
     ) -> None:
         """Something that may mean a stolen or tampered credential."""
 
+    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
+        """A rotation step: started, adopted, created, verified, published, retired, failed,
+        verification_failed, awaiting_manual."""
+
 
 class LoggingObserver:
     """Structured log lines for each event (secrets never reach here)."""
@@ -94,6 +98,14 @@ class LoggingObserver:
             detail=detail,
         )
 
+    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
+        level = (
+            "warning" if result in ("failed", "verification_failed", "awaiting_manual") else "info"
+        )
+        getattr(self._log, level)(
+            "rotation." + result, credential=credential, provider=provider, kind=kind
+        )
+
 
 class Observers:
     """Fans every event out to several observers; one failing observer does not stop others."""
@@ -136,3 +148,6 @@ class Observers:
         self, credential: str, provider: str, detector: str, severity: str, detail: str
     ) -> None:
         self._each("suspicious", credential, provider, detector, severity, detail)
+
+    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
+        self._each("rotation", credential, provider, kind, result)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from keyturn.clock import parse_rfc3339, rfc3339
+from keyturn.clock import rfc3339
 from keyturn.errors import VaultDataError
 from keyturn.secret import Secret
 
@@ -67,6 +67,21 @@ class CredentialState:
     consecutive_failures: int = 0
     next_due: float | None = None
     phase: str = "pending"
+    # The rotation journal (api_key: the key apps read; oauth_client: the client secret).
+    key: Secret | None = None
+    key_id: str | None = None
+    key_created_at: float | None = None
+    rotation_phase: str = "idle"
+    rotation_id: str | None = None
+    rotation_started: float | None = None
+    pending_key: Secret | None = None
+    pending_key_id: str | None = None
+    previous_key_id: str | None = None
+    previous_retire_at: float | None = None
+    rotation_failures: int = 0
+    verify_failures: int = 0
+    rotation_error: str | None = None
+    rotation_retry_at: float | None = None
 
     def with_(self, **changes: Any) -> CredentialState:
         return replace(self, **changes)
@@ -87,7 +102,7 @@ class CredentialState:
             if value is None:
                 continue
             if field.name in _TIME_FIELDS:
-                data[field.name] = rfc3339(value) if field.name != "lease_until" else repr(value)
+                data[field.name] = repr(float(value))
             elif isinstance(value, Secret):
                 data[field.name] = value
             else:
@@ -108,7 +123,24 @@ class CredentialState:
         return cls(**values)
 
 
-_TIME_FIELDS = frozenset({"issued_at", "expires_at", "lease_until", "last_success", "next_due"})
+# Times are stored as epoch seconds (exact, so a resumed job plans exactly what was planned).
+_TIME_FIELDS = frozenset(
+    {
+        "issued_at",
+        "expires_at",
+        "lease_until",
+        "last_success",
+        "next_due",
+        "key_created_at",
+        "rotation_started",
+        "previous_retire_at",
+        "rotation_retry_at",
+    }
+)
+_SECRET_FIELDS = frozenset({"refresh_token", "key", "pending_key"})
+_INT_FIELDS = frozenset(
+    {"published_version", "consecutive_failures", "rotation_failures", "verify_failures"}
+)
 
 
 def _bad(credential: str, field: str, what: str) -> VaultDataError:
@@ -116,17 +148,17 @@ def _bad(credential: str, field: str, what: str) -> VaultDataError:
 
 
 def _parse_field(name: str, raw: str, credential: str) -> Any:
-    if name == "refresh_token":
+    if name in _SECRET_FIELDS:
         return Secret(raw) if raw else None
     if name in _TIME_FIELDS:
         try:
-            value = float(raw) if name == "lease_until" else parse_rfc3339(raw)
+            value = float(raw)
         except ValueError as exc:
             raise _bad(credential, name, "is not a timestamp") from exc
         if not math.isfinite(value):
             raise _bad(credential, name, "is not a finite timestamp")
         return value
-    if name in {"published_version", "consecutive_failures"}:
+    if name in _INT_FIELDS:
         if not raw.isdigit():
             raise _bad(credential, name, "is not a whole number")
         return int(raw)

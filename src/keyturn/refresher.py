@@ -1,26 +1,23 @@
-"""One OAuth credential's refresh, start to finish, safe to run from several processes.
+"""Keeping an OAuth access token fresh: the `refresh` task of a credential's job.
 
-    read state ─ still fresh? ─yes─> plan the next run, nothing requested
-        │no
-    take the lease (CAS write) ─ held by another instance? ─> wait for it
-        │
+    due? ── the stored next_due (drawn from the refresh window at the last success), or now
+     │      if never refreshed, failing past its retry time, or apps read something else
     token request (refresh_token grant if one is held, else client_credentials;
-        │          invalid_grant on a refresh: report, drop it, fall back)
-    store a rotated refresh token in private state (CAS) ── before anything is published
-        │
+     │            invalid_grant on a refresh: report, drop it, fall back)
+    store a rotated refresh token in the journal (CAS) ── before anything is published
+     │
     probe the new token (if configured) ── 401/403: VerificationFailed, nothing published
-        │
+     │
     publish with CAS (+ custom_metadata) ── conflict: someone else wrote; report, publish anew
-        │
-    record success, release the lease, plan the next run
+     │
+    record success and the next due time
 
-The lease, refresh token and published version live in one private record written with
-check-and-set, so a refresh token is used at most once, by one instance (promise 2).
+The job (`keyturn.job`) holds the lease around this, so a refresh token is used at most once,
+by one instance (promise 2).
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,17 +33,15 @@ from keyturn.errors import (
     VerificationFailed,
 )
 from keyturn.events import Observer
-from keyturn.layout import (
-    CredentialState,
-    oauth_published_fields,
-    published_metadata,
-    state_path,
-)
-from keyturn.policy import BackoffPolicy, RefreshPolicy, backoff_delay, refresh_due, refresh_window
+from keyturn.job import CredentialJob, Journal, LeaseHeld, Outcome, Task
+from keyturn.layout import CredentialState, oauth_published_fields, published_metadata
+from keyturn.policy import BackoffPolicy, RefreshPolicy, backoff_delay, refresh_due
 from keyturn.providers.client import GrantType, ProviderClient
 from keyturn.providers.tokens import TokenResponse, error_label
 from keyturn.secret import Secret
 from keyturn.vault.store import KvStore
+
+__all__ = ["LeaseHeld", "OAuthRefresher", "OAuthTarget", "Outcome", "TokenRefresh"]
 
 KIND = "oauth_client"
 
@@ -56,7 +51,7 @@ InputSource = Callable[[str, bool], Awaitable[tuple[str, Secret]]]
 
 @dataclass(frozen=True, slots=True)
 class OAuthTarget:
-    """Everything the refresher needs to know about one credential (from the configuration)."""
+    """Everything the refresh needs to know about one credential (from the configuration)."""
 
     name: str
     provider: str
@@ -66,20 +61,6 @@ class OAuthTarget:
     refresh: RefreshPolicy = field(default_factory=RefreshPolicy)
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     default_lifetime: float = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a run did and when the next one is due (epoch seconds)."""
-
-    action: str  # "refreshed" | "fresh" | "lease_held" | "failed"
-    next_due: float
-    state: CredentialState
-    error: KeyturnError | None = None
-
-
-class LeaseHeld(KeyturnError):
-    retryable = True
 
 
 def outcome_label(error: BaseException) -> str:
@@ -95,8 +76,47 @@ def outcome_label(error: BaseException) -> str:
     return "error"
 
 
-class OAuthRefresher:
-    """Refreshes one credential. Stateless between runs: Vault holds the state."""
+def retry_after(error: KeyturnError) -> float | None:
+    return error.retry_after if isinstance(error, RateLimited) else None
+
+
+async def verify_with_probe(
+    client: ProviderClient,
+    observer: Observer,
+    *,
+    credential: str,
+    provider: str,
+    probe: str,
+    authorization: Secret,
+    what: str,
+) -> None:
+    """Call `probe` with a credential issued just now; only a 2xx lets it be published."""
+    status = await client.probe(credential, probe, authorization)
+    if status in (401, 403):
+        observer.suspicious(
+            credential,
+            provider,
+            "fresh_credential_rejected",
+            "critical",
+            f"a {what} issued just now was rejected with {status} on {probe}",
+        )
+        raise VerificationFailed(
+            f"new {what} rejected by probe {probe} (HTTP {status}); nothing published",
+            credential=credential,
+            status=status,
+        )
+    if not 200 <= status < 300:
+        raise VerificationFailed(
+            f"probe {probe} answered HTTP {status}; nothing published",
+            credential=credential,
+            status=status,
+        )
+
+
+class TokenRefresh:
+    """The `refresh` task: obtains, verifies and publishes a new access token when due."""
+
+    name = "refresh"
 
     def __init__(
         self,
@@ -109,8 +129,6 @@ class OAuthRefresher:
         clock: Clock,
         rng: random.Random,
         instance_id: str,
-        state_prefix: str,
-        lease_seconds: float = 120.0,
     ) -> None:
         self.target = target
         self._client = client
@@ -120,119 +138,90 @@ class OAuthRefresher:
         self._clock = clock
         self._rng = rng
         self._instance = instance_id
-        self._state_path = state_path(state_prefix, target.name)
-        self._lease_seconds = lease_seconds
-        self._failures = 0  # in memory too, so backoff grows even while Vault is unreachable
+        self._confirmed_version: int | None = None  # published version known to be ours
 
-    @property
-    def name(self) -> str:
-        return self.target.name
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        if force or state.phase == "pending" or state.next_due is None:
+            return now
+        if state.phase != "ok":
+            return state.next_due  # failing or expired: the retry time
+        if state.published_version != self._confirmed_version:
+            # First look in this process (e.g. after a restart): is what apps read still ours?
+            published = await self._store.read_metadata(self.target.publish_to)
+            if published is None or published.current_version != state.published_version:
+                return now
+            self._confirmed_version = state.published_version
+        return state.next_due
 
-    async def run(self, *, force: bool = False) -> Outcome:
-        """Refresh if due (or `force`), else plan the next run. Never raises a KeyturnError:
-        failures come back as an Outcome with a backoff-delayed `next_due`."""
-        try:
-            return await self._run(force)
-        except KeyturnError as error:
-            return await self._record_failure(error)
-
-    async def _run(self, force: bool) -> Outcome:
-        state, version = await self._load_state()
-        now = self._clock.time()
-        lifetime = None if force else await self._fresh_lifetime(state, now)
-        if lifetime is not None:
-            due = refresh_due(*lifetime, self.target.refresh, self._rng)
-            self._observer.scheduled(self.name, self.target.provider, KIND, due)
-            return Outcome("fresh", due, state)
-        if state.lease_held_by_other(self._instance, now):
-            return self._lease_held(state, state.lease_until or now)
-        # The phase stays what the last run left (ok, failing, …): status shows the lease apart.
-        leased = state.with_(lease_owner=self._instance, lease_until=now + self._lease_seconds)
-        try:
-            state, version = await self._write_state(leased, version)
-        except VaultCasConflict:
-            return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
-        return await self._refresh(state, version)
-
-    def _lease_held(self, state: CredentialState, until: float) -> Outcome:
-        error = LeaseHeld(
-            f"being refreshed by instance {state.lease_owner or 'unknown'}", credential=self.name
-        )
-        return Outcome("lease_held", until + self._rng.uniform(0.1, 1.0), state, error)
-
-    # -- steps ---------------------------------------------------------------------------
-
-    async def _refresh(self, state: CredentialState, version: int) -> Outcome:
+    async def step(self, journal: Journal) -> str:
+        state = journal.state
         requested_at = self._clock.time()
         token, state = await self._obtain_token(state)
         lifetime = (
             token.expires_in if token.expires_in is not None else self.target.default_lifetime
         )
         issued_at, expires_at = requested_at, requested_at + lifetime
-
-        if token.refresh_token is not None and token.refresh_token != state.refresh_token:
+        if token.refresh_token is not None:
             state = state.with_(refresh_token=token.refresh_token)
         # Promise 2: the rotated refresh token is durable before any access token is published.
-        state, version = await self._write_state(state, version)
+        state = await journal.save(state)
 
-        authorization = Secret(f"Bearer {token.access_token.reveal()}")
         if self.target.probe:
-            status = await self._client.probe(self.name, self.target.probe, authorization)
-            if status in (401, 403):
-                self._observer.suspicious(
-                    self.name,
-                    self.target.provider,
-                    "fresh_credential_rejected",
-                    "critical",
-                    f"a token issued just now was rejected with {status} on {self.target.probe}",
-                )
-                raise VerificationFailed(
-                    f"new token rejected by probe {self.target.probe} (HTTP {status}); "
-                    "nothing published",
-                    credential=self.name,
-                    status=status,
-                )
-            if not 200 <= status < 300:
-                raise VerificationFailed(
-                    f"probe {self.target.probe} answered HTTP {status}; nothing published",
-                    credential=self.name,
-                    status=status,
-                )
-
+            await verify_with_probe(
+                self._client,
+                self._observer,
+                credential=self.target.name,
+                provider=self.target.provider,
+                probe=self.target.probe,
+                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                what="token",
+            )
         published_version = await self._publish(token.access_token, issued_at, expires_at, state)
-        now = self._clock.time()
-        due = refresh_due(issued_at, expires_at, self.target.refresh, self._rng)
-        state = state.with_(
-            issued_at=issued_at,
-            expires_at=expires_at,
-            scope=token.scope,
-            published_version=published_version,
-            writer=self._instance,
-            lease_owner=None,
-            lease_until=None,
-            last_success=now,
-            last_error=None,
-            consecutive_failures=0,
-            next_due=due,
-            phase="ok",
+        self._confirmed_version = published_version
+        journal.stage(
+            state.with_(
+                issued_at=issued_at,
+                expires_at=expires_at,
+                scope=token.scope,
+                published_version=published_version,
+                writer=self._instance,
+                last_success=self._clock.time(),
+                last_error=None,
+                consecutive_failures=0,
+                next_due=refresh_due(issued_at, expires_at, self.target.refresh, self._rng),
+                phase="ok",
+            )
         )
-        self._failures = 0
-        await self._write_state(state, version)
-        self._observer.published(self.name, self.target.provider, KIND, issued_at, expires_at)
-        self._observer.scheduled(self.name, self.target.provider, KIND, due)
-        return Outcome("refreshed", due, state)
+        self._observer.published(
+            self.target.name, self.target.provider, KIND, issued_at, expires_at
+        )
+        return "refreshed"
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        failures = state.consecutive_failures + 1
+        delay = backoff_delay(failures, self.target.backoff, self._rng, retry_after(error))
+        expired = state.expires_at is not None and state.expires_at <= now
+        state = state.with_(
+            consecutive_failures=failures,
+            last_error=str(error),
+            next_due=now + delay,
+            phase="expired" if expired else "failing",
+        )
+        return state, failures
 
     async def _obtain_token(self, state: CredentialState) -> tuple[TokenResponse, CredentialState]:
         if state.refresh_token is not None:
             try:
-                return await self._grant("refresh_token", state.refresh_token), state
+                return await self._grant("refresh_token", state), state
             except OAuthError as error:
                 if error.error != "invalid_grant":
                     raise
                 # The refresh token keyturn alone should hold was refused: it expired, was
                 # revoked, or someone else used it (RFC 9700 reuse detection). Report, drop it.
                 self._observer.suspicious(
-                    self.name,
+                    self.target.name,
                     self.target.provider,
                     "refresh_token_rejected",
                     "critical",
@@ -240,20 +229,24 @@ class OAuthRefresher:
                     "falling back to client_credentials",
                 )
                 state = state.with_(refresh_token=None)
-        return await self._grant("client_credentials", None), state
+        return await self._grant("client_credentials", state), state
 
-    async def _grant(self, grant_type: GrantType, refresh_token: Secret | None) -> TokenResponse:
-        client_id, client_secret = await self._inputs(self.name, False)
+    async def _grant(self, grant_type: GrantType, state: CredentialState) -> TokenResponse:
+        client_id, input_secret = await self._inputs(self.target.name, False)
+        # After a client-secret rotation the current secret lives in the journal, not the input.
+        client_secret = state.key if state.key is not None else input_secret
+        refresh_token = state.refresh_token if grant_type == "refresh_token" else None
         try:
             return await self._timed_request(grant_type, client_id, client_secret, refresh_token)
         except OAuthError as error:
             if error.error != "invalid_client":
                 raise
-            # The secret may have been changed in its source (e.g. Vault) since we read it.
-            fresh_id, fresh_secret = await self._inputs(self.name, True)
+            fresh_id, fresh_secret = (client_id, client_secret)
+            if state.key is None:  # the input may have been changed at its source since read
+                fresh_id, fresh_secret = await self._inputs(self.target.name, True)
             if (fresh_id, fresh_secret) == (client_id, client_secret):
                 self._observer.suspicious(
-                    self.name,
+                    self.target.name,
                     self.target.provider,
                     "client_rejected",
                     "critical",
@@ -270,9 +263,10 @@ class OAuthRefresher:
         refresh_token: Secret | None,
     ) -> TokenResponse:
         started = self._clock.monotonic()
+        outcome = "success"
         try:
-            token = await self._client.request_token(
-                self.name,
+            return await self._client.request_token(
+                self.target.name,
                 grant_type=grant_type,
                 client_id=client_id,
                 client_secret=client_secret,
@@ -280,108 +274,102 @@ class OAuthRefresher:
                 scope=self.target.scope,
             )
         except KeyturnError as error:
+            outcome = outcome_label(error)
+            raise
+        finally:
             self._observer.token_request(
-                self.name,
+                self.target.name,
                 self.target.provider,
                 grant_type,
-                outcome_label(error),
+                outcome,
                 self._clock.monotonic() - started,
             )
-            raise
-        self._observer.token_request(
-            self.name,
-            self.target.provider,
-            grant_type,
-            "success",
-            self._clock.monotonic() - started,
-        )
-        return token
 
     async def _publish(
         self, access_token: Secret, issued_at: float, expires_at: float, state: CredentialState
     ) -> int:
-        data = oauth_published_fields(access_token, issued_at, expires_at)
-        metadata = published_metadata(self.name, expires_at, self._instance)
-        try:
-            return await self._store.write(
-                self.target.publish_to,
-                data,
-                cas=state.published_version or 0,
-                custom_metadata=metadata,
-            )
-        except VaultCasConflict:
-            current = await self._store.read_metadata(self.target.publish_to)
-            seen = current.current_version if current else 0
-            if state.published_version is not None:
-                self._observer.suspicious(
-                    self.name,
-                    self.target.provider,
-                    "published_secret_changed",
-                    "warning",
-                    f"published path was at version {seen}, keyturn last wrote "
-                    f"{state.published_version}",
-                )
-            return await self._store.write(
-                self.target.publish_to, data, cas=seen, custom_metadata=metadata
-            )
-
-    async def _record_failure(self, error: KeyturnError) -> Outcome:
-        """Count the failure, plan a retry with backoff, release the lease (best effort).
-
-        If the state cannot be read (Vault down, a malformed record) nothing is written: a
-        record that may hold the refresh token is never overwritten blindly.
-        """
-        try:
-            state, version = await self._load_state()
-        except KeyturnError:
-            state, version = CredentialState(), -1
-        self._failures = max(self._failures, state.consecutive_failures) + 1
-        failures = self._failures
-        now = self._clock.time()
-        retry_after = error.retry_after if isinstance(error, RateLimited) else None
-        due = now + backoff_delay(failures, self.target.backoff, self._rng, retry_after)
-        expired = state.expires_at is not None and state.expires_at <= now
-        state = state.with_(
-            consecutive_failures=failures,
-            last_error=str(error),
-            next_due=due,
-            phase="expired" if expired else "failing",
-            lease_owner=None,
-            lease_until=None,
+        return await publish_with_cas(
+            self._store,
+            self._observer,
+            path=self.target.publish_to,
+            data=oauth_published_fields(access_token, issued_at, expires_at),
+            metadata=published_metadata(self.target.name, expires_at, self._instance),
+            last_version=state.published_version,
+            credential=self.target.name,
+            provider=self.target.provider,
         )
-        if version >= 0:
-            # If this fails too, the lease expires by itself; the failure is reported below.
-            with contextlib.suppress(KeyturnError):
-                await self._write_state(state, version)
-        self._observer.failed(self.name, self.target.provider, KIND, error, failures)
-        self._observer.scheduled(self.name, self.target.provider, KIND, due)
-        return Outcome("failed", due, state, error)
 
-    # -- state -----------------------------------------------------------------------------
 
-    async def _fresh_lifetime(
-        self, state: CredentialState, now: float
-    ) -> tuple[float, float] | None:
-        """(issued_at, expires_at) of the current token if no refresh is due yet and apps read
-        what keyturn last published; None if a refresh is due."""
-        if state.issued_at is None or state.expires_at is None or state.phase != "ok":
-            return None
-        earliest, _ = refresh_window(state.issued_at, state.expires_at, self.target.refresh)
-        if now >= earliest:
-            return None
-        published = await self._store.read_metadata(self.target.publish_to)
-        if published is None or published.current_version != state.published_version:
-            return None
-        return state.issued_at, state.expires_at
+async def publish_with_cas(
+    store: KvStore,
+    observer: Observer,
+    *,
+    path: str,
+    data: dict[str, str | Secret],
+    metadata: dict[str, str],
+    last_version: int | None,
+    credential: str,
+    provider: str,
+) -> int:
+    """Write what apps read, on top of the version keyturn last wrote.
 
-    async def _load_state(self) -> tuple[CredentialState, int]:
-        entry = await self._store.read(self._state_path)
-        if entry is None:
-            return CredentialState(), 0
-        return CredentialState.from_data(entry.data, self.name), entry.version
+    A CAS conflict means someone else wrote the path: it is reported, and keyturn publishes
+    anew on top of the current version so apps get a working credential again. (A crash
+    between publishing and recording it looks the same, and is reported too: KV metadata cannot
+    prove who wrote a version.)
+    """
+    try:
+        return await store.write(path, data, cas=last_version or 0, custom_metadata=metadata)
+    except VaultCasConflict:
+        current = await store.read_metadata(path)
+        seen = current.current_version if current else 0
+        if last_version is not None:
+            observer.suspicious(
+                credential,
+                provider,
+                "published_secret_changed",
+                "warning",
+                f"published path was at version {seen}, keyturn last wrote {last_version}",
+            )
+        return await store.write(path, data, cas=seen, custom_metadata=metadata)
 
-    async def _write_state(
-        self, state: CredentialState, version: int
-    ) -> tuple[CredentialState, int]:
-        new_version = await self._store.write(self._state_path, state.to_data(), cas=version)
-        return state, new_version
+
+def OAuthRefresher(  # reads as a class at call sites; builds the job
+    target: OAuthTarget,
+    *,
+    client: ProviderClient,
+    store: KvStore,
+    inputs: InputSource,
+    observer: Observer,
+    clock: Clock,
+    rng: random.Random,
+    instance_id: str,
+    state_prefix: str,
+    lease_seconds: float = 120.0,
+    extra_tasks: tuple[Task, ...] = (),
+) -> CredentialJob:
+    """A job for an OAuth credential: optional tasks first (client-secret rotation), then
+    the token refresh."""
+    refresh = TokenRefresh(
+        target,
+        client=client,
+        store=store,
+        inputs=inputs,
+        observer=observer,
+        clock=clock,
+        rng=rng,
+        instance_id=instance_id,
+    )
+    return CredentialJob(
+        target.name,
+        provider=target.provider,
+        kind=KIND,
+        tasks=[*extra_tasks, refresh],
+        store=store,
+        observer=observer,
+        clock=clock,
+        rng=rng,
+        instance_id=instance_id,
+        state_prefix=state_prefix,
+        lease_seconds=lease_seconds,
+    )

@@ -16,6 +16,7 @@ from keyturn.config import Config, CredentialConfig, ProviderConfig
 from keyturn.events import LoggingObserver, Observer, Observers
 from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.references import ReferenceResolver
+from keyturn.job import CredentialJob
 from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
@@ -80,7 +81,7 @@ class Runtime:
     clients: Mapping[str, ProviderClient]
     inputs: CredentialInputs
     observers: Observers
-    refreshers: dict[str, OAuthRefresher] = field(default_factory=dict)
+    jobs: dict[str, CredentialJob] = field(default_factory=dict)
     scheduler: CredentialScheduler | None = None
 
 
@@ -94,7 +95,7 @@ async def open_runtime(
     observers: list[Observer] | None = None,
     rng: random.Random | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Log in to Vault, open one pooled client per provider, build the refreshers."""
+    """Log in to Vault, open one pooled client per provider, build one job per credential."""
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
     rng = rng or random.Random()  # jitter, not cryptography
@@ -109,7 +110,7 @@ async def open_runtime(
         lease = 2 * max(p.timeout for p in config.providers.values()) + 60 if clients else 120
         for credential in config.credentials:
             provider = config.providers[credential.provider]
-            runtime.refreshers[credential.name] = OAuthRefresher(
+            runtime.jobs[credential.name] = OAuthRefresher(
                 oauth_target(credential, provider),
                 client=clients[credential.provider],
                 store=store,

@@ -22,7 +22,7 @@ from apscheduler.triggers.date import DateTrigger
 from keyturn.clock import Clock
 from keyturn.layout import CredentialState
 from keyturn.logs import get_logger
-from keyturn.refresher import Outcome
+from keyturn.job import Outcome
 
 
 class Runnable(Protocol):

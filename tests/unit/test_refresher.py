@@ -120,7 +120,7 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
 async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
     await world.refresher().run()
     paths = [path for path, _ in world.store.writes]
-    # lease, rotated refresh token, then publish, then the success record
+    # lease, rotated refresh token, then publish, then the success record (releasing the lease)
     assert paths == [STATE, STATE, PUBLISHED, STATE]
 
 
@@ -205,6 +205,9 @@ async def test_backoff_grows_and_honours_retry_after(world: World) -> None:
     for _ in range(5):
         outcome = await refresher.run()
         delays.append(outcome.next_due - world.clock.time())
+        early = await refresher.run()  # before the retry time: nothing is requested
+        assert early.action == "fresh"
+        world.clock.advance(outcome.next_due - world.clock.time())
     assert (await world.state()).consecutive_failures == 5
     for attempt, delay in enumerate(delays):  # full jitter below a cap that doubles
         assert 1 <= delay <= 2**attempt
@@ -242,10 +245,9 @@ async def test_an_external_write_is_reported_and_overwritten(world: World) -> No
 
 
 async def test_a_changed_published_value_is_republished_at_start(world: World) -> None:
-    refresher = world.refresher()
-    await refresher.run()
+    await world.refresher().run()
     world.store.external_write(PUBLISHED, {"access_token": "planted"})
-    outcome = await refresher.run()  # not due, but what apps read is not ours
+    outcome = await world.refresher().run()  # a restart: not due, but apps read something else
     assert outcome.action == "refreshed"
 
 
@@ -363,6 +365,7 @@ async def test_each_malformed_response_is_a_clear_error_and_others_keep_refreshi
         good_outcome = await good.run(force=True)
         assert bad_outcome.action == "failed"
         assert good_outcome.action == "refreshed"
+        world.clock.advance(bad_outcome.next_due - world.clock.time())
     assert str(bad_outcome.error) == f"bad: {message}"
     assert await world.store.read(bad_store_path) is None
     assert (await world.store.read(PUBLISHED)) is not None

@@ -15,7 +15,7 @@ import sys
 from keyturn.clock import SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.errors import KeyturnError
-from keyturn.refresher import Outcome
+from keyturn.job import Outcome
 from keyturn.runtime import open_runtime
 
 
@@ -44,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
     async def refresh() -> Outcome:
         clock = SystemClock()
         async with open_runtime(config, clock=clock, instance_id=instance) as runtime:
-            refresher = runtime.refreshers[args.name]
+            refresher = runtime.jobs[args.name]
             deadline = clock.monotonic() + args.wait
             while True:
-                outcome = await refresher.run(force=True)
+                outcome = await refresher.run(force={"refresh"})
                 if outcome.action != "lease_held" or clock.monotonic() >= deadline:
                     return outcome
                 await clock.sleep(min(1.0, max(0.1, outcome.next_due - clock.time())))

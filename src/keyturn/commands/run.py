@@ -55,7 +55,7 @@ async def run_daemon(
     clock = clock or SystemClock()
     async with open_runtime(config, clock=clock) as runtime:
         scheduler = CredentialScheduler(
-            runtime.refreshers.values(),
+            runtime.jobs.values(),
             clock=clock,
             max_concurrency=config.keyturn.max_concurrency,
         )
@@ -65,7 +65,7 @@ async def run_daemon(
         log.info(
             "daemon.started",
             instance=config.keyturn.instance_id,
-            credentials=len(runtime.refreshers),
+            credentials=len(runtime.jobs),
         )
         if runtime_out is not None:
             runtime_out.append(runtime)

@@ -1,0 +1,1 @@
+"""Rotators: create a new key or client secret at the provider, and revoke an old one."""

@@ -1,0 +1,57 @@
+"""The rotator interface: how keyturn gets a new key or client secret, and retires an old one.
+
+A rotator only *creates* and *revokes*; verification, publishing and the journal are keyturn's
+own (`keyturn.rotation`). Implementations: `http` (a provider's key-management API described in
+config), `exec` (an operator's command, parameters as JSON on stdin), `manual` (a person makes
+the key in the dashboard and hands it over with `keyturn import-key`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from keyturn.errors import RotationError
+from keyturn.secret import Secret
+
+
+@dataclass(frozen=True, slots=True)
+class RotationRequest:
+    """What a rotator is told about the rotation at hand (no secret in here)."""
+
+    credential: str  # the credential's name in keyturn's configuration
+    kind: str  # "api_key" | "oauth_client"
+    rotation_id: str  # unique per rotation; stable across a crash and resume
+    key_name: str  # a name for the new key, derived from credential and rotation_id
+    client_id: str | None = None  # for oauth_client: whose secret is rotated
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    """A freshly created key (or client secret) and the provider's id for it, if any."""
+
+    value: Secret
+    key_id: str | None
+
+
+class AwaitingManualKey(RotationError):
+    """Raised by the manual rotator: a person has to create the key and import it."""
+
+    retryable = True
+
+
+class Rotator(Protocol):
+    name: str
+
+    async def create(self, request: RotationRequest) -> NewKey:
+        """Create a new key at the provider. Raises RotationError (or a ProviderError)."""
+
+    async def revoke(self, request: RotationRequest, key_id: str) -> None:
+        """Revoke the key `key_id`. A key that no longer exists counts as revoked."""
+
+    async def find(self, request: RotationRequest) -> list[str] | None:
+        """Ids of keys named `request.key_name` (keys a crash left behind after `create`), or
+        None when this rotator cannot list keys."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
