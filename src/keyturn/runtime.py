@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, CredentialConfig, ProviderConfig
 from keyturn.events import LoggingObserver, Observer, Observers
+from keyturn.job import CredentialJob
 from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.references import ReferenceResolver
-from keyturn.job import CredentialJob
 from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret

@@ -20,9 +20,9 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
 from keyturn.clock import Clock
+from keyturn.job import Outcome
 from keyturn.layout import CredentialState
 from keyturn.logs import get_logger
-from keyturn.job import Outcome
 
 
 class Runnable(Protocol):
