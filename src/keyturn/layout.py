@@ -36,6 +36,19 @@ def oauth_published_fields(
     }
 
 
+def api_key_published_fields(
+    key: Secret, key_id: str | None, created_at: float, rotate_after: float
+) -> dict[str, str | Secret]:
+    """The KV data an app reads for an API key."""
+    return {
+        "api_key": key,
+        "key_id": key_id or "",
+        "created_at": rfc3339(created_at),
+        "rotate_after": rfc3339(rotate_after),
+        "authorization": Secret(f"Bearer {key.reveal()}"),
+    }
+
+
 def published_metadata(credential: str, expires_at: float, writer: str) -> dict[str, str]:
     """KV custom_metadata on every published path, so readers can schedule and audits can see."""
     return {

@@ -268,7 +268,7 @@ class KeyRotation:
         state = journal.state
         if state.previous_key_id is not None:
             await self._rotator.revoke(await self._request(state), state.previous_key_id)
-        elif self.kind == "api_key" or state.rotation_id != "baseline":
+        else:
             self._log.warning(
                 "rotation.previous_without_id",
                 credential=self.credential,

@@ -1,0 +1,163 @@
+"""How each kind of credential becomes a job: which tasks, how a new key is verified, and what
+apps read.
+
+- `api_key`: one task, rotation. A new key is verified by calling `probe` with it, then
+  published (`api_key`, `key_id`, `created_at`, `rotate_after`, `authorization`).
+- `oauth_client`: the token refresh, preceded by a client-secret rotation when `rotation` is
+  configured. A new client secret is verified by a real `client_credentials` grant with it (and
+  the probe, with the token obtained); it is never published, only kept privately, and the
+  refresh uses it from then on.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+
+from keyturn.clock import Clock
+from keyturn.events import Observer
+from keyturn.job import CredentialJob
+from keyturn.layout import CredentialState, api_key_published_fields, published_metadata
+from keyturn.providers.client import ProviderClient
+from keyturn.refresher import publish_with_cas, verify_with_probe
+from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.rotators.base import Rotator
+from keyturn.secret import Secret
+from keyturn.vault.store import KvStore
+
+InitialKey = Callable[[], Awaitable[tuple[Secret, str | None] | None]]
+
+
+def api_key_job(
+    name: str,
+    *,
+    provider: str,
+    publish_to: str,
+    probe: str,
+    settings: RotationSettings,
+    rotator: Rotator,
+    client: ProviderClient,
+    store: KvStore,
+    observer: Observer,
+    clock: Clock,
+    rng: random.Random,
+    instance_id: str,
+    state_prefix: str,
+    initial_key: InitialKey | None = None,
+    lease_seconds: float = 120.0,
+    pause_at: str | None = None,
+) -> CredentialJob:
+    async def verify(key: Secret) -> None:
+        await verify_with_probe(
+            client,
+            observer,
+            credential=name,
+            provider=provider,
+            probe=probe,
+            authorization=Secret(f"Bearer {key.reveal()}"),
+            what="API key",
+        )
+
+    async def publish(
+        key: Secret, key_id: str | None, created_at: float, state: CredentialState
+    ) -> int:
+        rotate_after = created_at + settings.max_age
+        version = await publish_with_cas(
+            store,
+            observer,
+            path=publish_to,
+            data=api_key_published_fields(key, key_id, created_at, rotate_after),
+            metadata=published_metadata(name, rotate_after, instance_id),
+            last_version=state.published_version,
+            credential=name,
+            provider=provider,
+        )
+        observer.published(name, provider, "api_key", created_at, rotate_after)
+        return version
+
+    async def published_key_id() -> str | None:
+        entry = await store.read(publish_to)
+        return entry.data.get("key_id") if entry else None
+
+    rotation = KeyRotation(
+        credential=name,
+        kind="api_key",
+        provider=provider,
+        settings=settings,
+        rotator=rotator,
+        verify=verify,
+        publish=publish,
+        published_key_id=published_key_id,
+        observer=observer,
+        clock=clock,
+        rng=rng,
+        initial_key=initial_key,
+        pause_at=pause_at,
+    )
+    return CredentialJob(
+        name,
+        provider=provider,
+        kind="api_key",
+        tasks=[rotation],
+        store=store,
+        observer=observer,
+        clock=clock,
+        rng=rng,
+        instance_id=instance_id,
+        state_prefix=state_prefix,
+        lease_seconds=lease_seconds,
+    )
+
+
+def client_secret_rotation(
+    name: str,
+    *,
+    provider: str,
+    probe: str | None,
+    scope: str | None,
+    settings: RotationSettings,
+    rotator: Rotator,
+    client: ProviderClient,
+    client_id: Callable[[], Awaitable[str]],
+    observer: Observer,
+    clock: Clock,
+    rng: random.Random,
+    pause_at: str | None = None,
+) -> KeyRotation:
+    async def verify(secret: Secret) -> None:
+        token = await client.request_token(
+            name,
+            grant_type="client_credentials",
+            client_id=await client_id(),
+            client_secret=secret,
+            scope=scope,
+        )
+        if probe:
+            await verify_with_probe(
+                client,
+                observer,
+                credential=name,
+                provider=provider,
+                probe=probe,
+                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                what="token (from the new client secret)",
+            )
+
+    async def the_client_id() -> str | None:
+        return await client_id()
+
+    return KeyRotation(
+        credential=name,
+        kind="oauth_client",
+        provider=provider,
+        settings=settings,
+        rotator=rotator,
+        verify=verify,
+        publish=None,
+        published_key_id=None,
+        observer=observer,
+        clock=clock,
+        rng=rng,
+        client_id=the_client_id,
+        pause_at=pause_at,
+    )

@@ -1,0 +1,332 @@
+"""The rotation journal over fakes: FakeVaultStore, a fake key provider, FakeClock."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from keyturn.clock import FakeClock
+from keyturn.errors import ProviderUnavailable, RotationError, VaultUnavailable
+from keyturn.job import CredentialJob, Journal
+from keyturn.kinds import api_key_job
+from keyturn.layout import CredentialState
+from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.rotators.base import AwaitingManualKey, NewKey, RotationRequest
+from keyturn.secret import Secret
+from keyturn.testing.rotator import FakeKeyProvider
+from keyturn.testing.vault import FakeVaultStore
+
+PUBLISHED = "apps/billing/acme"
+STATE = "keyturn/state/billing"
+DAY = 86400.0
+
+
+@dataclass
+class Calls:
+    events: list[tuple[str, tuple[object, ...]]]
+
+    def __getattr__(self, name: str):
+        def record(*args: object) -> None:
+            self.events.append((name, args))
+
+        return record
+
+    def rotations(self) -> list[object]:
+        return [args[3] for name, args in self.events if name == "rotation"]
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.store = FakeVaultStore(clock=self.clock)
+        self.provider = FakeKeyProvider()
+        self.observer = Calls([])
+
+    def job(self, rotator=None, initial=None) -> CredentialJob:
+        client = ProviderClient(
+            ProviderSettings("acme", "https://acme.test"),
+            clock=self.clock,
+            transport=httpx.MockTransport(self.provider.probe),
+        )
+        return api_key_job(
+            "billing",
+            provider="acme",
+            publish_to=PUBLISHED,
+            probe="/v1/users",
+            settings=RotationSettings(max_age=30 * DAY, grace=DAY, verify_attempts=3),
+            rotator=rotator or self.provider,
+            client=client,
+            store=self.store,
+            observer=self.observer,
+            clock=self.clock,
+            rng=random.Random(2),
+            instance_id="i-1",
+            state_prefix="keyturn/state",
+            initial_key=initial,
+        )
+
+    async def state(self) -> CredentialState:
+        entry = await self.store.read(STATE)
+        assert entry is not None
+        return CredentialState.from_data(entry.data, "billing")
+
+    async def published_key(self) -> str | None:
+        entry = await self.store.read(PUBLISHED)
+        return entry.data["api_key"] if entry else None
+
+    async def until_idle(self, job: CredentialJob, limit: int = 20) -> None:
+        """Run the job at each due time until the rotation is idle with no previous key."""
+        for _ in range(limit):
+            outcome = await job.run()
+            state = await self.state()
+            if state.rotation_phase == "idle" and state.key is not None:
+                return
+            self.clock.advance(max(0.0, outcome.next_due - self.clock.time()))
+        raise AssertionError("rotation did not finish")
+
+    def assert_no_orphans(self, current: str | None) -> None:
+        """Every key the provider issued is current, within its grace, or revoked."""
+        live = [k.value for k in self.provider.live()]
+        assert current in live
+        assert len(live) <= 2
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+async def test_first_run_creates_verifies_and_publishes_a_key(world: World) -> None:
+    outcome = await world.job().run()
+    assert outcome.action == "rotated"
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None
+    key = world.provider.live()[0]
+    assert entry.data["api_key"] == key.value
+    assert entry.data["key_id"] == key.key_id
+    assert entry.data["authorization"] == f"Bearer {key.value}"
+    assert entry.custom_metadata["managed-by"] == "keyturn"
+    state = await world.state()
+    assert state.rotation_phase == "idle"
+    assert state.phase == "ok"
+    assert outcome.next_due == pytest.approx(world.clock.time() + 30 * DAY, abs=1)
+    assert world.observer.rotations() == ["started", "created", "verified", "published"]
+
+
+async def test_a_due_rotation_publishes_the_new_key_and_retires_the_old_after_grace(
+    world: World,
+) -> None:
+    job = world.job()
+    await job.run()
+    first = await world.published_key()
+    world.clock.advance(30 * DAY)
+    outcome = await job.run()
+    second = await world.published_key()
+    assert second != first
+    assert sorted(k.value for k in world.provider.live()) == sorted([first, second])  # in grace
+    assert outcome.next_due == pytest.approx(world.clock.time() + DAY, abs=1)
+    assert (await world.state()).rotation_phase == "retiring"
+    world.clock.advance(DAY)
+    await job.run()
+    assert [k.value for k in world.provider.live()] == [second]
+    assert (await world.state()).rotation_phase == "idle"
+
+
+async def test_not_due_means_nothing_happens(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.clock.advance(29 * DAY)
+    outcome = await job.run()
+    assert outcome.action == "fresh"
+    assert world.provider.created == 1
+
+
+async def test_a_forced_rotation_runs_now(world: World) -> None:
+    job = world.job()
+    await job.run()
+    outcome = await job.run(force={"rotation"})
+    assert outcome.action == "rotated"
+    assert world.provider.created == 2
+
+
+async def test_a_failed_verification_keeps_the_current_key_published(world: World) -> None:
+    job = world.job()
+    await job.run()
+    first = await world.published_key()
+    world.clock.advance(30 * DAY)
+    world.provider.reject_next_verifications = 1
+    outcome = await job.run()
+    assert outcome.action == "failed"
+    assert "rejected by probe" in str(outcome.error)
+    assert await world.published_key() == first
+    state = await world.state()
+    assert state.rotation_phase == "pending"
+    assert state.rotation_error is not None
+    world.clock.advance(outcome.next_due - world.clock.time())
+    await world.until_idle(job)
+    assert await world.published_key() != first
+
+
+async def test_a_key_that_never_verifies_is_revoked_and_replaced(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.clock.advance(30 * DAY)
+    world.provider.reject_next_verifications = 3  # verify_attempts
+    for _ in range(3):
+        outcome = await job.run()
+        assert outcome.action == "failed"
+        world.clock.advance(outcome.next_due - world.clock.time())
+    await world.until_idle(job)
+    assert world.provider.created == 3
+    revoked = [k for k in world.provider.keys.values() if k.revoked]
+    assert len(revoked) == 2  # the key that never verified, and the old current one
+    world.assert_no_orphans(await world.published_key())
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ProviderUnavailable("HTTP 503", status=503),
+        RotationError("exec rotator exited with 1"),
+    ],
+)
+async def test_rotator_failures_back_off_and_leave_the_current_key(world: World, error) -> None:
+    job = world.job()
+    await job.run()
+    first = await world.published_key()
+    world.clock.advance(30 * DAY)
+    world.provider.failures += [error, error]
+    delays = []
+    for _ in range(2):
+        outcome = await job.run()
+        assert outcome.action == "failed"
+        delays.append(outcome.next_due - world.clock.time())
+        world.clock.advance(delays[-1])
+    assert await world.published_key() == first
+    assert 0 < delays[0] <= 5 and 0 < delays[1] <= 10
+    await world.until_idle(job)
+    world.assert_no_orphans(await world.published_key())
+
+
+# Crash points: the store fails the Nth write or the rotator fails a call, and a *new* job
+# (a restarted process) finishes the rotation from the journal.
+CRASHES = {
+    "before the intent is stored": ("store", 1),
+    "after create, before the key is stored": ("store", 2),
+    "after storing, before publishing": ("store", 3),
+    "after publishing, before recording it": ("store", 4),
+    "before revoking the old key": ("rotator-revoke", 0),
+}
+
+
+@pytest.mark.parametrize("crash", list(CRASHES))
+async def test_a_crash_at_any_step_resumes_without_a_lost_or_orphaned_key(
+    world: World, crash: str
+) -> None:
+    await world.job().run()
+    world.clock.advance(30 * DAY)
+    where, n = CRASHES[crash]
+    if where == "store":
+        # The lease write is the first write of the run; crash on the n-th one after it.
+        writes = len(world.store.writes)
+
+        class Crash(Exception):
+            pass
+
+        original = world.store.write
+
+        async def write(path, data, *, cas, custom_metadata=None):
+            if len(world.store.writes) - writes == n:
+                world.store.write = original  # type: ignore[method-assign]
+                raise VaultUnavailable("connection reset (simulated crash)")
+            return await original(path, data, cas=cas, custom_metadata=custom_metadata)
+
+        world.store.write = write  # type: ignore[method-assign]
+        await world.job().run()
+    else:
+        world.provider.failures.append(ProviderUnavailable("simulated crash", status=503))
+        await world.job().run()
+        world.clock.advance(DAY)
+        world.provider.failures.append(ProviderUnavailable("simulated crash", status=503))
+        await world.job().run()
+    world.clock.advance(60)
+    restarted = world.job()
+    await world.until_idle(restarted)
+    current = await world.published_key()
+    world.assert_no_orphans(current)
+    assert len(world.provider.live()) == 1
+    assert (await world.state()).key == Secret(current or "")
+    # Resuming after keyturn's own publish is not mistaken for someone else's write.
+    assert [e for e in world.observer.events if e[0] == "suspicious"] == []
+
+
+async def test_an_orphan_created_before_a_crash_is_found_and_revoked(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.clock.advance(30 * DAY)
+
+    class Dies(FakeKeyProvider):
+        async def create(self, request: RotationRequest) -> NewKey:
+            await world.provider.create(request)  # the key exists at the provider...
+            raise ProviderUnavailable("connection lost before the response")  # ...we never saw it
+
+    await world.job(rotator=Dies(keys=world.provider.keys)).run()
+    assert len(world.provider.live()) == 2  # the current one and the orphan
+    world.clock.advance(60)
+    await world.until_idle(world.job())
+    world.clock.advance(DAY)
+    await world.job().run()
+    assert len(world.provider.live()) == 1
+    assert world.provider.live()[0].value == await world.published_key()
+
+
+async def test_manual_keys_wait_for_import_then_continue_from_verification(
+    world: World,
+) -> None:
+    class Manual(FakeKeyProvider):
+        async def create(self, request: RotationRequest) -> NewKey:
+            raise AwaitingManualKey("waiting for keyturn import-key", credential="billing")
+
+    job = world.job(rotator=Manual())
+    outcome = await job.run()
+    assert outcome.action == "failed"
+    assert "import-key" in str(outcome.error)
+    assert outcome.next_due - world.clock.time() == pytest.approx(300)  # re-announced, no loop
+    assert "awaiting_manual" in world.observer.rotations()
+    made_by_hand = world.provider.add_key("typed-into-the-dashboard")
+    rotation = job.task("rotation")
+    assert isinstance(rotation, KeyRotation)
+
+    entry = await world.store.read(STATE)
+    assert entry is not None
+    journal = Journal(world.store, STATE, CredentialState.from_data(entry.data, "b"), entry.version)
+    rotation.accept_key(journal, Secret(made_by_hand.value), made_by_hand.key_id)
+    await journal.save(journal.state)
+    outcome = await job.run(force={"rotation"})
+    assert outcome.action == "rotated"
+    assert await world.published_key() == "typed-into-the-dashboard"
+
+
+async def test_an_initial_key_is_adopted_after_verification(world: World) -> None:
+    existing = world.provider.add_key("already-in-use")
+
+    async def initial():
+        return Secret("already-in-use"), existing.key_id
+
+    await world.job(initial=initial).run()
+    assert await world.published_key() == "already-in-use"
+    assert world.provider.created == 0
+
+
+async def test_no_secret_in_rotation_events_or_errors(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.provider.reject_next_verifications = 1
+    outcome = await job.run(force={"rotation"})
+    text = repr(world.observer.events) + str(outcome.error) + repr(outcome)
+    for key in world.provider.keys.values():
+        assert key.value not in text
