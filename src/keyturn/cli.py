@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("keyturn.commands.check", "validate the config, references, Vault access, providers"),
     "status": ("keyturn.commands.status", "one row per credential, read from Vault"),
     "refresh": ("keyturn.commands.refresh", "refresh one credential now (safe beside the daemon)"),
+    "rotate": (
+        "keyturn.commands.rotate",
+        "rotate a key or client secret now (safe beside the daemon)",
+    ),
+    "import-key": ("keyturn.commands.import_key", "hand over a key made by hand (read from stdin)"),
     "sandbox": ("keyturn.sandbox.command", "run the reference service on loopback"),
     "demo": ("keyturn.demo", "run everything embedded: dev OpenBao, sandbox, the daemon"),
 }

@@ -12,7 +12,7 @@ retry with backoff; the other tasks of the job still run.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -112,9 +112,15 @@ class CredentialJob:
     def task(self, name: str) -> Task | None:
         return next((t for t in self.tasks if t.name == name), None)
 
-    async def run(self, *, force: bool | Collection[str] = False) -> Outcome:
+    async def run(
+        self,
+        *,
+        force: bool | Collection[str] = False,
+        prepare: Callable[[Journal], None] | None = None,
+    ) -> Outcome:
         """Run what is due (and the tasks named in `force`; `True` forces them all), else plan
-        the next run. Never raises a KeyturnError: failures come back in the Outcome."""
+        the next run. `prepare` changes the journal under the lease before the tasks run (e.g.
+        `keyturn import-key`). Never raises a KeyturnError: failures come back in the Outcome."""
         forced = {t.name for t in self.tasks} if force is True else set(force or ())
         try:
             entry = await self._store.read(self._path)
@@ -141,6 +147,12 @@ class CredentialJob:
             return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
         except KeyturnError as error:
             return self._failure_outcome(state, error, state.consecutive_failures + 1)
+        if prepare is not None:
+            try:
+                prepare(journal)
+            except KeyturnError as error:
+                await journal.save(journal.state.with_(lease_owner=None, lease_until=None))
+                return Outcome("refused", now, journal.state, error)
         return await self._run_tasks(journal, forced)
 
     async def _run_tasks(self, journal: Journal, forced: set[str]) -> Outcome:

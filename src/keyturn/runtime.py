@@ -5,6 +5,7 @@ status, check, demo) opens a `Runtime`, so they all see the same layout and rule
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import AsyncIterator, Mapping
@@ -13,15 +14,23 @@ from dataclasses import dataclass, field
 
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, CredentialConfig, ProviderConfig
+from keyturn.errors import ConfigError, SecretReferenceError
 from keyturn.events import LoggingObserver, Observer, Observers
-from keyturn.job import CredentialJob
+from keyturn.job import CredentialJob, Task
+from keyturn.kinds import api_key_job, client_secret_rotation
 from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.references import ReferenceResolver
 from keyturn.refresher import OAuthRefresher, OAuthTarget
+from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.rotators.base import Rotator
+from keyturn.rotators.build import build_rotator
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
+
+# Test-only: the rotation pauses (so a crash test can SIGKILL it) at this point of its journal.
+PAUSE_VARIABLE = "KEYTURN_TEST_PAUSE_AT"
 
 
 def provider_settings(provider: ProviderConfig) -> ProviderSettings:
@@ -67,10 +76,21 @@ class CredentialInputs:
     async def __call__(self, name: str, fresh: bool) -> tuple[str, Secret]:
         if fresh or name not in self._cache:
             credential = self._config.credential(name)
+            if credential.client_id is None or credential.client_secret is None:
+                raise SecretReferenceError(f"{name}: an {credential.kind} has no client inputs")
             client_id = await self._resolver.resolve(credential.client_id)
             client_secret = await self._resolver.resolve(credential.client_secret)
             self._cache[name] = (client_id.reveal(), client_secret)
         return self._cache[name]
+
+    async def client_id(self, name: str) -> str:
+        return (await self(name, False))[0]
+
+    async def initial_key(self, name: str) -> tuple[Secret, str | None] | None:
+        credential = self._config.credential(name)
+        if credential.initial_key is None:
+            return None
+        return await self._resolver.resolve(credential.initial_key), credential.initial_key_id
 
 
 @dataclass
@@ -82,7 +102,13 @@ class Runtime:
     inputs: CredentialInputs
     observers: Observers
     jobs: dict[str, CredentialJob] = field(default_factory=dict)
+    rotators: dict[str, Rotator] = field(default_factory=dict)
     scheduler: CredentialScheduler | None = None
+
+    def rotation(self, name: str) -> KeyRotation | None:
+        """The rotation task of credential `name`, if it has one."""
+        task = self.jobs[name].task("rotation")
+        return task if isinstance(task, KeyRotation) else None
 
 
 @asynccontextmanager
@@ -101,6 +127,7 @@ async def open_runtime(
     rng = rng or random.Random()  # jitter, not cryptography
     store = await open_vault_store(config, clock=clock, environ=environ)
     clients: dict[str, ProviderClient] = {}
+    runtime: Runtime | None = None
     try:
         for provider in config.providers.values():
             clients[provider.name] = ProviderClient(provider_settings(provider), clock=clock)
@@ -108,22 +135,81 @@ async def open_runtime(
         observer = Observers(LoggingObserver(), *(observers or []))
         runtime = Runtime(config, clock, store, clients, inputs, observer)
         lease = 2 * max(p.timeout for p in config.providers.values()) + 60 if clients else 120
+        resolver = ReferenceResolver(environ, store)
+        used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
+        for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
+            runtime.rotators[name] = await build_rotator(
+                config.rotators[name], providers=config.providers, resolver=resolver, clock=clock
+            )
+        instance = instance_id or config.keyturn.instance_id
+        pause_at = environ.get(PAUSE_VARIABLE)  # crash tests only
         for credential in config.credentials:
             provider = config.providers[credential.provider]
-            runtime.jobs[credential.name] = OAuthRefresher(
+            client = clients[credential.provider]
+            name = credential.name
+            policy = credential.rotation
+            settings = (
+                RotationSettings(policy.max_age, policy.grace, policy.verify_attempts)
+                if policy is not None
+                else None
+            )
+            if credential.kind == "api_key":
+                if policy is None or settings is None or credential.probe is None:
+                    raise ConfigError(f"{config.source}: credentials[{name!r}]: incomplete")
+                runtime.jobs[name] = api_key_job(
+                    name,
+                    provider=credential.provider,
+                    publish_to=credential.publish_to,
+                    probe=credential.probe,
+                    settings=settings,
+                    rotator=runtime.rotators[policy.rotator],
+                    client=client,
+                    store=store,
+                    instance_id=instance,
+                    state_prefix=config.keyturn.state_prefix,
+                    initial_key=functools.partial(inputs.initial_key, name),
+                    lease_seconds=lease,
+                    pause_at=pause_at,
+                    observer=observer,
+                    clock=clock,
+                    rng=rng,
+                )
+                continue
+            extra: tuple[Task, ...] = ()
+            if policy is not None and settings is not None:
+                extra = (
+                    client_secret_rotation(
+                        name,
+                        provider=credential.provider,
+                        probe=credential.probe,
+                        scope=credential.scope,
+                        settings=settings,
+                        rotator=runtime.rotators[policy.rotator],
+                        client=client,
+                        client_id=functools.partial(inputs.client_id, name),
+                        pause_at=pause_at,
+                        observer=observer,
+                        clock=clock,
+                        rng=rng,
+                    ),
+                )
+            runtime.jobs[name] = OAuthRefresher(
                 oauth_target(credential, provider),
-                client=clients[credential.provider],
+                client=client,
                 store=store,
                 inputs=inputs,
+                instance_id=instance,
+                state_prefix=config.keyturn.state_prefix,
+                lease_seconds=lease,
+                extra_tasks=extra,
                 observer=observer,
                 clock=clock,
                 rng=rng,
-                instance_id=instance_id or config.keyturn.instance_id,
-                state_prefix=config.keyturn.state_prefix,
-                lease_seconds=lease,
             )
         yield runtime
     finally:
+        for rotator in runtime.rotators.values() if runtime is not None else ():
+            await rotator.aclose()
         for client in clients.values():
             await client.aclose()
         await store.close()

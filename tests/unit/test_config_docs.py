@@ -38,7 +38,33 @@ client_secret = "env:S"
 publish_to = "apps/x"
 refresh = {{ {refresh} }}
 backoff = {{ {backoff} }}
+rotation = {{ max_age = "90d", rotator = "script", {rotation} }}
 {credentials}
+[[credentials]]
+name = "key"
+provider = "acme"
+kind = "api_key"
+publish_to = "apps/y"
+probe = "/v1/users"
+rotation = {{ max_age = "30d", rotator = "api" }}
+{api_key}
+[[rotators]]
+name = "api"
+type = "http"
+provider = "acme"
+create = {{ path = "/keys", value = "/key", id = "/id", {create} }}
+revoke = {{ path = "/keys/{{key_id}}", {revoke} }}
+find = {{ path = "/keys", items = "/keys", name = "/name", id = "/id", {find} }}
+{http}
+[[rotators]]
+name = "script"
+type = "exec"
+command = ["rotate"]
+{exec}
+[[rotators]]
+name = "person"
+type = "manual"
+{manual}
 """
 
 AUTH = {
@@ -47,12 +73,15 @@ AUTH = {
     "approle": 'role_id = "env:R", secret_id = "env:S", ',
     "kubernetes": 'role = "r", ',
 }
-TABLES = ["keyturn", "metrics", "vault", "providers", "credentials", "refresh", "backoff"]
+INLINE = ["refresh", "backoff", "rotation", "create", "revoke", "find"]
+TABLES = ["keyturn", "metrics", "vault", "providers", "credentials", "api_key"]
+TABLES += ["http", "exec", "manual"]
 
 
 def known_keys(method: str) -> dict[str, list[str]]:
     """{table: keys} as the loader lists them when it meets the unknown key `zzzzzz`."""
     fields = {table: "zzzzzz = 1" for table in TABLES}
+    fields.update({table: "zzzzzz = 1" for table in INLINE})
     text = BASE.format(method=method, auth=AUTH[method], **fields)
     with pytest.raises(ConfigError) as caught:
         parse_config(text, "k.toml", {})
@@ -67,7 +96,9 @@ def known_keys(method: str) -> dict[str, list[str]]:
 @pytest.mark.parametrize("method", list(AUTH))
 def test_every_key_is_documented_and_in_the_example(method: str) -> None:
     tables = known_keys(method)
-    assert len(tables) == 8  # the seven tables and vault.auth
+    # keyturn, metrics, vault, vault.auth, providers, two credentials, refresh, backoff,
+    # rotation, three rotators and the http rotator's create, revoke and find
+    assert len(tables) == 16, sorted(tables)
     for table, keys in tables.items():
         for key in keys:
             assert f"`{key}`" in DOCS, f"{table}.{key} is not documented"

@@ -3,6 +3,8 @@ saying what was expected. The base configuration is valid; each case changes one
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from keyturn.config import parse_config
@@ -48,9 +50,9 @@ def render(doc: Doc) -> str:
     return "\n".join(lines) + "\n"
 
 
-def change(target: str, value: str | None) -> Doc:
+def change(target: str, value: str | None, start: Callable[[], Doc] | None = None) -> Doc:
     """`target` is "section", "section.key" or "section[i].key"; None deletes it."""
-    doc = base()
+    doc = (start or base)()
     section, _, key = target.partition(".")
     index: int | None = None
     if section.endswith("]"):
@@ -260,14 +262,22 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].kind",
         None,
         f"{CRED}.kind",
-        'missing; expected "oauth_client", the only kind',
+        'missing; expected one of "oauth_client", "api_key"',
     ),
     (
         "credentials[0].kind",
-        '"api_key"',
+        '"apikey"',
         f"{CRED}.kind",
-        'got "api_key"; expected "oauth_client", the only kind this version supports',
+        'got "apikey"; expected one of "oauth_client", "api_key"',
     ),
+    (
+        "credentials[0].initial_key",
+        '"env:KEY"',
+        f"{CRED}.initial_key",
+        'not allowed for kind "oauth_client" (its secret is client_secret); expected it only '
+        'with kind = "api_key"',
+    ),
+    ("credentials[0].initial_key_id", '"key_1"', f"{CRED}.initial_key_id", "not allowed for"),
     (
         "credentials[0].client_id",
         '""',
@@ -373,7 +383,7 @@ CASES: list[tuple[str, str | None, str, str]] = [
     ),
     # top level: later features are unknown keys for now
     ("alerts", "[]", "alerts", "unknown key; expected one of: keyturn, vault, metrics, providers"),
-    ("rotation", "{}", "rotation", "unknown key; expected one of"),
+    ("rotation", "{}", "rotation", 'unknown key; did you mean "rotators"?'),
     ("provider", "[]", "provider", 'unknown key; did you mean "providers"?'),
 ]
 
@@ -478,3 +488,438 @@ def test_quoted_unknown_keys_are_shown_quoted_in_the_path() -> None:
         f'{SOURCE}: vault["odd key"]: unknown key; expected one of: address, '
         "allow_insecure_http, auth, mount, namespace, ca_cert, timeout, renew_margin"
     ]
+
+
+def test_duplicate_rotator_names_are_reported_by_index() -> None:
+    doc = rotation_base()
+    rotators = doc["rotators"]
+    assert isinstance(rotators, list)
+    rotators.append({"name": '"script"', "type": '"manual"'})
+    assert problems_of(doc) == [
+        f'{SOURCE}: rotators[4].name: duplicate rotator name "script" (also rotators[2]); '
+        "expected each rotator name once"
+    ]
+
+
+def test_api_key_on_an_oauth_entry_lists_every_key_that_does_not_fit() -> None:
+    doc = change("credentials[0].kind", '"api_key"')
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials[0]["scope"] = '"read"'
+    credentials[0]["refresh"] = "{ at = 0.5 }"
+    not_allowed = (
+        'not allowed for kind "api_key", which has no OAuth client and no token to refresh; '
+        'expected it only with kind = "oauth_client"'
+    )
+    assert problems_of(doc) == [
+        f"{SOURCE}: {CRED}.client_id: {not_allowed}",
+        f"{SOURCE}: {CRED}.client_secret: {not_allowed}",
+        f"{SOURCE}: {CRED}.scope: {not_allowed}",
+        f"{SOURCE}: {CRED}.refresh: {not_allowed}",
+        f'{SOURCE}: {CRED}.probe: missing; expected a path starting with "/", e.g. '
+        '"/oauth/token", without spaces or #fragment',
+        f"{SOURCE}: {CRED}.rotation: missing; expected a table, e.g. "
+        'rotation = { max_age = "30d", rotator = "acme-keys" }',
+    ]
+
+
+# -- [[rotators]] and rotation: a second valid base, with one rotator of each type --------------
+
+
+def rotation_base() -> Doc:
+    doc = base()
+    doc["rotators"] = [
+        {
+            "name": '"sandbox-keys"',
+            "type": '"http"',
+            "provider": '"acme"',
+            "auth": '"env:ADMIN_TOKEN"',
+            "create": '{ path = "/admin/api-keys", body = \'{"name": "{key_name}"}\', '
+            'value = "/key", id = "/key_id" }',
+            "revoke": '{ path = "/admin/api-keys/{key_id}" }',
+            "find": '{ path = "/admin/api-keys", items = "/api_keys", name = "/name", '
+            'id = "/key_id" }',
+        },
+        {
+            "name": '"secrets"',
+            "type": '"http"',
+            "provider": '"acme"',
+            "create": '{ path = "/apps/{client_id}/rotate", value = "/client_secret", '
+            'id = "/secret_id" }',
+            "revoke": '{ path = "/apps/{client_id}/secrets/{key_id}" }',
+        },
+        {"name": '"script"', "type": '"exec"', "command": '["/usr/local/bin/rotate", "-v"]'},
+        {"name": '"person"', "type": '"manual"'},
+    ]
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials[0]["rotation"] = '{ max_age = "90d", rotator = "secrets" }'
+    credentials.append(
+        {
+            "name": '"reporting-key"',
+            "provider": '"acme"',
+            "kind": '"api_key"',
+            "publish_to": '"apps/reporting/key"',
+            "probe": '"/v1/users"',
+            "rotation": '{ max_age = "30d", rotator = "sandbox-keys" }',
+        }
+    )
+    return doc
+
+
+def test_rotation_base_is_valid() -> None:
+    config = parse_config(render(rotation_base()), SOURCE, {})
+    assert list(config.rotators) == ["sandbox-keys", "secrets", "script", "person"]
+    assert [c.kind for c in config.credentials] == ["oauth_client", "api_key"]
+
+
+R = 'rotators["sandbox-keys"]'
+X = 'rotators["script"]'
+KEY = 'credentials["reporting-key"]'
+CREATE = 'value = "/key", id = "/key_id"'
+ALLOWED = "{credential}, {rotation_id}, {key_name}, {client_id}"
+
+ROTATION_CASES: list[tuple[str, str | None, str, str]] = [
+    # [[rotators]]: every type
+    ("rotators", '{ name = "x" }', "rotators", "got a table; expected an array of tables"),
+    ("rotators[0].name", '"Keys"', "rotators[0].name", 'got "Keys"; expected a name of lowercase'),
+    ("rotators[0].type", None, f"{R}.type", 'missing; expected one of "http", "exec", "manual"'),
+    ("rotators[0].type", '"ftp"', f"{R}.type", 'got "ftp"; expected one of "http", "exec", "m'),
+    # type = "http"
+    (
+        "rotators[0].provider",
+        '"acm"',
+        f"{R}.provider",
+        'no provider is named "acm"; expected one of: "acme"',
+    ),
+    ("rotators[0].provider", None, f"{R}.provider", "missing; expected a name of lowercase"),
+    ("rotators[0].auth", '"hunter2"', f"{R}.auth", "got an inline secret, which is not allowed"),
+    ("rotators[0].auth", '"env:"', f"{R}.auth", "malformed reference (env: needs"),
+    ("rotators[0].auth_scheme", '"Bear er"', f"{R}.auth_scheme", "expected an HTTP auth scheme"),
+    (
+        "rotators[0].command",
+        '["x"]',
+        f"{R}.command",
+        'unknown key for type "http"; expected one of: name, type, provider, auth, auth_scheme, '
+        "create, revoke, find",
+    ),
+    (
+        "rotators[0].create",
+        None,
+        f"{R}.create",
+        "missing; expected a table, e.g. create = { path = ",
+    ),
+    ("rotators[0].revoke", None, f"{R}.revoke", "missing; expected a table, e.g. revoke = {"),
+    ("rotators[0].create", '"POST /keys"', f"{R}.create", 'got "POST /keys"; expected a table'),
+    (
+        "rotators[0].create",
+        f"{{ {CREATE} }}",
+        f"{R}.create.path",
+        'missing; expected a path starting with "/"',
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "keys", {CREATE} }}',
+        f"{R}.create.path",
+        'got "keys"; expected a path starting with "/"',
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys/{{name}}", {CREATE} }}',
+        f"{R}.create.path",
+        f"unknown placeholder {{name}}; expected placeholders among {ALLOWED}",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys/{{key_id}}", {CREATE} }}',
+        f"{R}.create.path",
+        f"{{key_id}} is known only to revoke; expected placeholders among {ALLOWED}",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys/{{", {CREATE} }}',
+        f"{R}.create.path",
+        'which has a "{" or "}" outside a {placeholder}',
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", body = \'{{"n": "{{nme}}"}}\', {CREATE} }}',
+        f"{R}.create.body",
+        "unknown placeholder {nme}",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", body = \'{{"n": {{key_name}}}}\', {CREATE} }}',
+        f"{R}.create.body",
+        "not JSON once its placeholders are filled with a string (Expecting value); expected a "
+        "JSON text",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", body = \'{{"n": "x",}}\', {CREATE} }}',
+        f"{R}.create.body",
+        "not JSON once its placeholders are filled",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", body = 5, {CREATE} }}',
+        f"{R}.create.body",
+        "got an integer; expected a JSON text",
+    ),
+    (
+        "rotators[0].create",
+        '{ path = "/keys", id = "/key_id" }',
+        f"{R}.create.value",
+        "missing; expected a JSON pointer (RFC 6901) to the new key's value",
+    ),
+    (
+        "rotators[0].create",
+        '{ path = "/keys", value = "key", id = "/key_id" }',
+        f"{R}.create.value",
+        'got "key" (a JSON pointer is "" or starts with "/"); expected a JSON pointer',
+    ),
+    (
+        "rotators[0].create",
+        '{ path = "/keys", value = "", id = "/key_id" }',
+        f"{R}.create.value",
+        "got an empty string; expected a JSON pointer",
+    ),
+    (
+        "rotators[0].create",
+        '{ path = "/keys", value = "/a~2", id = "/key_id" }',
+        f"{R}.create.value",
+        '"~" must be followed by 0 or 1',
+    ),
+    (
+        "rotators[0].create",
+        '{ path = "/keys", value = "/key" }',
+        f"{R}.create.id",
+        'missing; expected a JSON pointer (RFC 6901) to the new key\'s id, e.g. "/key_id" '
+        "(revoke needs it)",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", method = "FETCH", {CREATE} }}',
+        f"{R}.create.method",
+        'got "FETCH"; expected one of "GET", "POST", "PUT", "PATCH", "DELETE"',
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", ok_status = [], {CREATE} }}',
+        f"{R}.create.ok_status",
+        "got an array; expected a non-empty array of HTTP statuses",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", ok_status = [200, 99], {CREATE} }}',
+        f"{R}.create.ok_status",
+        "got 99 in the array; expected a non-empty array of HTTP statuses",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", ok_status = [true], {CREATE} }}',
+        f"{R}.create.ok_status",
+        "got true in the array",
+    ),
+    (
+        "rotators[0].create",
+        f'{{ path = "/keys", values = "/k", {CREATE} }}',
+        f"{R}.create.values",
+        'unknown key for create; did you mean "value"?',
+    ),
+    (
+        "rotators[0].revoke",
+        '{ path = "/admin/api-keys" }',
+        f"{R}.revoke.path",
+        "names no key; expected {key_id} in revoke's path or body",
+    ),
+    (
+        "rotators[0].revoke",
+        '{ path = "/keys/{key_id}", value = "/x" }',
+        f"{R}.revoke.value",
+        "unknown key for revoke; expected one of: method, path, body, ok_status",
+    ),
+    (
+        "rotators[0].revoke",
+        '{ path = "/keys/{key}" }',
+        f"{R}.revoke.path",
+        f"unknown placeholder {{key}}; expected placeholders among {ALLOWED}, {{key_id}}",
+    ),
+    (
+        "rotators[0].find",
+        '{ path = "/k", name = "/name", id = "/id" }',
+        f"{R}.find.items",
+        "missing; expected a JSON pointer (RFC 6901) to the array of keys",
+    ),
+    (
+        "rotators[0].find",
+        '{ path = "/k/{key_id}", items = "", name = "/name", id = "/id" }',
+        f"{R}.find.path",
+        "{key_id} is known only to revoke",
+    ),
+    (
+        "rotators[0].find",
+        '{ path = "/k", items = "/k", name = "", id = "/id" }',
+        f"{R}.find.name",
+        "got an empty string; expected a JSON pointer (RFC 6901) to a key's name",
+    ),
+    (
+        "rotators[0].find",
+        '{ path = "/k", items = "/k", name = "/n", id = "/id", body = "{}" }',
+        f"{R}.find.body",
+        "unknown key for find; expected one of: method, path, items, name, id",
+    ),
+    ("rotators[0].find", "[]", f"{R}.find", "got an array; expected a table"),
+    # type = "exec"
+    ("rotators[2].command", None, f"{X}.command", "missing; expected a non-empty array of str"),
+    ("rotators[2].command", "[]", f"{X}.command", "got an array; expected a non-empty array"),
+    ("rotators[2].command", '"rotate"', f"{X}.command", 'got "rotate"; expected a non-empty'),
+    (
+        "rotators[2].command",
+        '["bin/rotate"]',
+        f"{X}.command",
+        'got "bin/rotate" as the program, a relative path; expected a non-empty array',
+    ),
+    ("rotators[2].command", '["/x", 3]', f"{X}.command", "got 3 in the array; expected"),
+    ("rotators[2].command", '["/x", ""]', f"{X}.command", "got an empty string in the array"),
+    ("rotators[2].timeout", "0", f"{X}.timeout", "got 0; expected a duration greater than zero"),
+    (
+        "rotators[2].provider",
+        '"acme"',
+        f"{X}.provider",
+        'unknown key for type "exec"; expected one of: name, type, command, timeout',
+    ),
+    # type = "manual"
+    (
+        "rotators[3].command",
+        '["/x"]',
+        'rotators["person"].command',
+        'unknown key for type "manual"; expected one of: name, type',
+    ),
+    # an api_key credential
+    (
+        "credentials[1].rotation",
+        None,
+        f"{KEY}.rotation",
+        'missing; expected a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }',
+    ),
+    ("credentials[1].rotation", "5", f"{KEY}.rotation", "got 5; expected a table, e.g. rotation"),
+    ("credentials[1].probe", None, f"{KEY}.probe", 'missing; expected a path starting with "/"'),
+    (
+        "credentials[1].client_id",
+        '"app"',
+        f"{KEY}.client_id",
+        'not allowed for kind "api_key", which has no OAuth client and no token to refresh; '
+        'expected it only with kind = "oauth_client"',
+    ),
+    ("credentials[1].client_secret", '"env:S"', f"{KEY}.client_secret", "not allowed for kind"),
+    ("credentials[1].scope", '"read"', f"{KEY}.scope", 'not allowed for kind "api_key"'),
+    ("credentials[1].refresh", "{ at = 0.5 }", f"{KEY}.refresh", 'not allowed for kind "api_k'),
+    ("credentials[1].initial_key", '"sk-live-1"', f"{KEY}.initial_key", "got an inline secret"),
+    (
+        "credentials[1].initial_key_id",
+        '"key_1"',
+        f"{KEY}.initial_key_id",
+        "is set without initial_key; expected initial_key",
+    ),
+    ("credentials[1].initial_key_id", "7", f"{KEY}.initial_key_id", "got 7; expected the provid"),
+    # rotation
+    (
+        "credentials[1].rotation",
+        '{ rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.max_age",
+        "missing; expected a duration of at least 1s",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "500ms", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.max_age",
+        'got "500ms"; expected a duration of at least 1s',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "a month", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.max_age",
+        'got "a month" (not a duration)',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", grace = "-1s", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.grace",
+        "must not be negative",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "1h", grace = "1h", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.grace",
+        "is not shorter than max_age (3600s); expected a grace shorter than max_age",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d" }',
+        f"{KEY}.rotation.rotator",
+        "missing; expected a name of lowercase",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", rotator = "sandbox-key" }',
+        f"{KEY}.rotation.rotator",
+        'no rotator is named "sandbox-key"; expected one of: "sandbox-keys", "secrets", '
+        '"script", "person"',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", rotator = "sandbox-keys", verify_attempts = 0 }',
+        f"{KEY}.rotation.verify_attempts",
+        "got 0; expected an integer >= 1",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", rotator = "sandbox-keys", maxage = 1 }',
+        f"{KEY}.rotation.maxage",
+        'unknown key; did you mean "max_age"?',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", rotator = "secrets" }',
+        f"{KEY}.rotation.rotator",
+        '"secrets" uses {client_id}, which an api_key credential does not have; expected a '
+        "rotator whose templates do not use {client_id}",
+    ),
+    (
+        "credentials[0].rotation",
+        '{ max_age = "90d", rotator = "person" }',
+        f"{CRED}.rotation.rotator",
+        '"person" is a manual rotator, which cannot rotate an oauth_client\'s secret; expected '
+        'an "http" or "exec" rotator',
+    ),
+    (
+        "credentials[0].rotation",
+        '{ max_age = "90d", rotator = "nobody" }',
+        f"{CRED}.rotation.rotator",
+        'no rotator is named "nobody"',
+    ),
+    # a kind that is not valid: only that is reported, whatever keys the entry has
+    ("credentials[1].kind", '"key"', f"{KEY}.kind", 'got "key"; expected one of "oauth_client"'),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "where", "message"),
+    ROTATION_CASES,
+    ids=[f"{c[0]}={c[1]}" for c in ROTATION_CASES],
+)
+def test_one_bad_rotation_value_gives_one_problem(
+    target: str, value: str | None, where: str, message: str
+) -> None:
+    problems = problems_of(change(target, value, rotation_base))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{SOURCE}: {where}: "), problems[0]
+    assert message in problems[0], problems[0]
+
+
+def test_a_rotator_with_a_bad_type_still_counts_as_declared() -> None:
+    """A rotation naming a rotator whose entry has a mistake gets no second, bogus error."""
+    problems = problems_of(change("rotators[0].type", '"htp"', rotation_base))
+    assert len(problems) == 1
+    assert f"{R}.type" in problems[0]

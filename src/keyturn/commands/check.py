@@ -21,7 +21,7 @@ import httpx
 
 from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument, load_or_report
-from keyturn.config import Config
+from keyturn.config import Config, HttpRotatorConfig
 from keyturn.errors import KeyturnError
 from keyturn.layout import state_path
 from keyturn.references import ReferenceResolver
@@ -49,8 +49,8 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
     mount = config.vault.mount
     needed: dict[str, set[str]] = defaultdict(set)
     for credential in config.credentials:
-        for ref in (credential.client_id, credential.client_secret):
-            if ref.scheme == "vault":
+        for ref in (credential.client_id, credential.client_secret, credential.initial_key):
+            if ref is not None and ref.scheme == "vault":
                 needed[f"{ref.mount}/data/{ref.path}"].add("read")
         needed[f"{mount}/data/{credential.publish_to}"] |= {"create", "update", "read"}
         needed[f"{mount}/metadata/{credential.publish_to}"] |= {"create", "update", "read"}
@@ -97,12 +97,21 @@ async def _check_references(config: Config, store: KvStore) -> list[str]:
     resolver = ReferenceResolver(os.environ, store)
     problems = []
     for credential in config.credentials:
-        for field in ("client_id", "client_secret"):
+        for field in ("client_id", "client_secret", "initial_key"):
             ref = getattr(credential, field)
+            if ref is None:
+                continue
             try:
                 await resolver.resolve(ref)
             except KeyturnError as error:
                 problems.append(f"credentials[{credential.name!r}].{field}: {error.message}")
+    for rotator in config.rotators.values():
+        if not isinstance(rotator, HttpRotatorConfig) or rotator.auth is None:
+            continue
+        try:
+            await resolver.resolve(rotator.auth)
+        except KeyturnError as error:
+            problems.append(f"rotators[{rotator.name!r}].auth: {error.message}")
     return problems
 
 

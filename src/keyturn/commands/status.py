@@ -15,7 +15,7 @@ from typing import Any
 
 from keyturn.clock import Clock, SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
-from keyturn.config import Config
+from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
 from keyturn.layout import CredentialState, state_path
 from keyturn.vault.store import KvStore
@@ -35,6 +35,10 @@ class StatusRow:
     refreshing: bool
     owner: str | None
     published_version: int | None
+    key_id: str | None
+    rotation_phase: str | None
+    rotates_at: str | None
+    rotation_error: str | None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[StatusRow]:
-    async def one(name: str, kind: str, provider: str) -> StatusRow:
+    async def one(credential: CredentialConfig) -> StatusRow:
+        name = credential.name
         try:
             entry = await store.read(state_path(config.keyturn.state_prefix, name))
             state = CredentialState.from_data(entry.data, name) if entry else CredentialState()
@@ -75,24 +80,35 @@ async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[Stat
         phase = state.phase
         if state.expires_at is not None and state.expires_at <= clock.time():
             phase = "expired"
+        rotation = credential.rotation
+        rotates_at: float | None = None
+        if rotation is not None:
+            if state.rotation_phase == "retiring":
+                rotates_at = state.previous_retire_at
+            elif state.rotation_phase == "idle" and state.key_created_at is not None:
+                rotates_at = state.key_created_at + rotation.max_age
+            else:
+                rotates_at = state.rotation_retry_at
         return StatusRow(
             credential=name,
-            kind=kind,
-            provider=provider,
+            kind=credential.kind,
+            provider=credential.provider,
             phase=phase,
             expires_at=_time(state.expires_at),
             next_refresh=_time(state.next_due),
             last_success=_time(state.last_success),
-            last_error=state.last_error,
+            last_error=state.last_error or (state.rotation_error if rotation else None),
             consecutive_failures=state.consecutive_failures,
             refreshing=state.lease_until is not None and state.lease_until > clock.time(),
             owner=state.lease_owner or state.writer,
             published_version=state.published_version,
+            key_id=state.key_id if credential.kind == "api_key" else None,
+            rotation_phase=state.rotation_phase if rotation is not None else None,
+            rotates_at=_time(rotates_at),
+            rotation_error=state.rotation_error if rotation is not None else None,
         )
 
-    return list(
-        await asyncio.gather(*(one(c.name, c.kind, c.provider) for c in config.credentials))
-    )
+    return list(await asyncio.gather(*(one(c) for c in config.credentials)))
 
 
 def _time(value: float | None) -> str | None:
@@ -110,7 +126,8 @@ def render_table(rows: list[StatusRow]) -> str:
         "phase",
         "expires_at",
         "next_refresh",
-        "last_success",
+        "rotation_phase",
+        "rotates_at",
         "owner",
         "last_error",
     )

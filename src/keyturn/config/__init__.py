@@ -4,7 +4,9 @@
     config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
 
 See docs/configuration.md for every key. Modules: `schema` (the objects), `load` (parsing and
-validation), `reader` and `fields` (how raw values and overrides are read), `durations`.
+validation), `rotators` (`[[rotators]]` and `rotation`), `reader` and `fields` (how raw values
+and overrides are read), `templates` (an http rotator's templates and JSON pointers),
+`durations`.
 """
 
 from keyturn.config.durations import format_duration, parse_duration
@@ -17,10 +19,19 @@ from keyturn.config.schema import (
     CredentialConfig,
     CredentialKind,
     DaemonSettings,
+    ExecRotatorConfig,
+    HttpCall,
+    HttpFind,
+    HttpMethod,
+    HttpRotatorConfig,
     KubernetesAuth,
     LogLevel,
+    ManualRotatorConfig,
     MetricsSettings,
     ProviderConfig,
+    RotationPolicy,
+    RotatorConfig,
+    RotatorType,
     TokenAuth,
     TokenFileAuth,
     TokenRequest,
@@ -36,10 +47,19 @@ __all__ = [
     "CredentialConfig",
     "CredentialKind",
     "DaemonSettings",
+    "ExecRotatorConfig",
+    "HttpCall",
+    "HttpFind",
+    "HttpMethod",
+    "HttpRotatorConfig",
     "KubernetesAuth",
     "LogLevel",
+    "ManualRotatorConfig",
     "MetricsSettings",
     "ProviderConfig",
+    "RotationPolicy",
+    "RotatorConfig",
+    "RotatorType",
     "TokenAuth",
     "TokenFileAuth",
     "TokenRequest",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
-from keyturn.config.durations import DURATION_HELP, parse_duration
+from keyturn.config.durations import DURATION_HELP, format_duration, parse_duration
 from keyturn.references import (
     KV_SEGMENT,
     REFERENCE_FORMS,
@@ -158,9 +158,13 @@ def number(expected: str, check: Callable[[float], bool]) -> Field[float]:
     return Field(expected, convert)
 
 
-def duration(*, positive: bool) -> Field[float]:
-    """A duration in seconds (number or text such as "5m"); > 0 if `positive`, else >= 0."""
-    bound = "greater than zero" if positive else "zero or more"
+def duration(*, positive: bool, minimum: float = 0.0) -> Field[float]:
+    """A duration in seconds (number or text such as "5m"); > 0 if `positive`, else >= 0;
+    and at least `minimum` seconds."""
+    if minimum > 0:
+        bound = f"of at least {format_duration(minimum)}"
+    else:
+        bound = "greater than zero" if positive else "zero or more"
     expected = f"a duration {bound}: {DURATION_HELP}"
 
     def convert(value: object, _env: bool) -> float:
@@ -168,7 +172,7 @@ def duration(*, positive: bool) -> Field[float]:
             seconds = parse_duration(value)
         except ValueError as exc:
             raise Invalid(f"got {describe(value)} ({exc}); expected {expected}") from None
-        if positive and seconds == 0:
+        if (positive and seconds == 0) or seconds < minimum:
             raise Invalid(f"got {describe(value)}; expected {expected}")
         return seconds
 

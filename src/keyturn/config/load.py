@@ -35,6 +35,7 @@ from keyturn.config.fields import (
     text,
 )
 from keyturn.config.reader import ENV_PREFIX, Context, Table, report_unknown_overrides
+from keyturn.config.rotators import RotatorIndex, load_rotation, load_rotators
 from keyturn.config.schema import (
     AppRoleAuth,
     AuthMethod,
@@ -47,6 +48,7 @@ from keyturn.config.schema import (
     LogLevel,
     MetricsSettings,
     ProviderConfig,
+    RotationPolicy,
     TokenAuth,
     TokenFileAuth,
     TokenRequest,
@@ -61,7 +63,7 @@ LOG_LEVELS: tuple[LogLevel, ...] = ("debug", "info", "warning", "error")
 AUTH_METHODS: tuple[AuthMethod, ...] = ("token", "token_file", "approle", "kubernetes")
 TOKEN_REQUESTS: tuple[TokenRequest, ...] = ("json", "form")
 CLIENT_AUTHS: tuple[ClientAuth, ...] = ("body", "basic")
-KINDS: tuple[CredentialKind, ...] = ("oauth_client",)
+KINDS: tuple[CredentialKind, ...] = ("oauth_client", "api_key")
 
 # Prototypes whose field defaults are the configuration's defaults (one source of truth).
 _DAEMON = DaemonSettings(instance_id="-")
@@ -78,7 +80,20 @@ _KV_EXPECTED = (
     'and _ . @ + = - joined by single "/", no "." or ".."'
 )
 _KV_PATH = kv_path(_KV_EXPECTED)
-_KIND = choice(KINDS, '"oauth_client", the only kind this version supports')
+_KIND = choice(KINDS)
+_CLIENT_SECRET = secret_reference(
+    'client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'
+)
+_INITIAL_KEY = secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"')
+_INITIAL_KEY_ID = text('the provider\'s id of initial_key, e.g. "key_0123"')
+_NOT_FOR_API_KEY = (
+    'not allowed for kind "api_key", which has no OAuth client and no token to refresh; '
+    'expected it only with kind = "oauth_client"'
+)
+_NOT_FOR_OAUTH = (
+    'not allowed for kind "oauth_client" (its secret is client_secret); '
+    'expected it only with kind = "api_key"'
+)
 _MOUNT = kv_path('a mount path, e.g. "secret" (no leading or trailing "/")')
 _INSTANCE_ID = text(
     "an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}")
@@ -132,9 +147,10 @@ def parse_config(
     if provider_tables is not None:
         names = [entry.declared_name for entry in provider_tables]
         declared = [n for n in names if n is not None] if None not in names else None
+    rotators = load_rotators(root, declared)
     state_prefix = daemon.state_prefix if daemon else _DAEMON.state_prefix
     credential_tables = root.entries("credentials", "credential") or []
-    credentials = _credentials(credential_tables, declared, state_prefix)
+    credentials = _credentials(credential_tables, declared, state_prefix, rotators)
     root.finish()
     report_unknown_overrides(ctx)
     if ctx.problems or daemon is None or vault is None or metrics is None:
@@ -146,6 +162,7 @@ def parse_config(
         providers=providers,
         credentials=tuple(credentials),
         source=Path(source),
+        rotators=rotators.configs,
     )
 
 
@@ -285,12 +302,12 @@ def _provider(t: Table) -> ProviderConfig | None:
 
 
 def _credentials(
-    tables: list[Table], providers: list[str] | None, state_prefix: str
+    tables: list[Table], providers: list[str] | None, state_prefix: str, rotators: RotatorIndex
 ) -> list[CredentialConfig]:
     result: list[CredentialConfig] = []
     published: dict[str, str] = {}
     for t in tables:
-        credential = _credential(t, providers, state_prefix)
+        credential = _credential(t, providers, state_prefix, rotators)
         if credential is None:
             continue
         other = published.setdefault(credential.publish_to, t.path)
@@ -305,19 +322,27 @@ def _credentials(
 
 
 def _credential(
-    t: Table, providers: list[str] | None, state_prefix: str
+    t: Table, providers: list[str] | None, state_prefix: str, rotators: RotatorIndex
 ) -> CredentialConfig | None:
+    """One `[[credentials]]` entry; which keys it takes depends on its `kind` (with no valid
+    kind, every key is read as optional so that only real problems are reported)."""
     provider = t.require("provider", NAME)
     if provider is not None and providers is not None and provider not in providers:
         known = ", ".join(f'"{p}"' for p in providers) or "none (add a [[providers]] entry)"
         t.problem("provider", f'no provider is named "{provider}"; expected one of: {known}')
     kind = t.require("kind", _KIND)
-    client_id = t.require("client_id", REFERENCE_OR_INLINE)
-    client_secret = t.require(
-        "client_secret",
-        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
-    )
-    scope = t.optional("scope", text('space-separated scopes, e.g. "read write"'))
+    client_id: SecretRef | None = None
+    client_secret: SecretRef | None = None
+    scope: str | None = None
+    refresh: RefreshPolicy | None = None
+    if kind == "api_key":
+        for key in ("client_id", "client_secret", "scope", "refresh"):
+            t.forbid(key, _NOT_FOR_API_KEY)
+    else:
+        need = t.require if kind == "oauth_client" else t.optional
+        client_id = need("client_id", REFERENCE_OR_INLINE)
+        client_secret = need("client_secret", _CLIENT_SECRET)
+        scope = t.optional("scope", text('space-separated scopes, e.g. "read write"'))
     publish_to = t.require("publish_to", _KV_PATH)
     if publish_to is not None and (
         publish_to == state_prefix or publish_to.startswith(state_prefix + "/")
@@ -327,18 +352,31 @@ def _credential(
             f'"{publish_to}" is under state_prefix "{state_prefix}", which only keyturn may '
             "read; expected a path outside it",
         )
-    probe = t.optional("probe", HTTP_PATH)
-    refresh = _refresh(t.table("refresh", "a table ([credentials.refresh])"))
+    probe = (t.require if kind == "api_key" else t.optional)("probe", HTTP_PATH)
+    if kind != "api_key":
+        refresh = _refresh(t.table("refresh", "a table ([credentials.refresh])"))
     backoff = _backoff(t.table("backoff", "a table ([credentials.backoff])"))
+    rotation = _credential_rotation(t, kind, rotators)
+    initial_key: SecretRef | None = None
+    initial_key_id: str | None = None
+    if kind == "oauth_client":
+        t.forbid("initial_key", _NOT_FOR_OAUTH)
+        t.forbid("initial_key_id", _NOT_FOR_OAUTH)
+    else:
+        initial_key = t.optional("initial_key", _INITIAL_KEY)
+        initial_key_id = t.optional("initial_key_id", _INITIAL_KEY_ID)
+        if initial_key_id is not None and initial_key is None and "initial_key" not in t.data:
+            t.problem(
+                "initial_key_id",
+                "is set without initial_key; expected initial_key (a reference to the key "
+                "whose id this is) as well",
+            )
     t.finish()
-    if (
-        t.name is None
-        or provider is None
-        or kind is None
-        or client_id is None
-        or client_secret is None
-        or publish_to is None
-    ):
+    if t.name is None or provider is None or kind is None or publish_to is None:
+        return None
+    if kind == "oauth_client" and (client_id is None or client_secret is None):
+        return None
+    if kind == "api_key" and (probe is None or rotation is None):
         return None
     return CredentialConfig(
         name=t.name,
@@ -351,7 +389,25 @@ def _credential(
         probe=probe,
         refresh=refresh or _REFRESH,
         backoff=backoff or _BACKOFF,
+        rotation=rotation,
+        initial_key=initial_key,
+        initial_key_id=initial_key_id,
     )
+
+
+def _credential_rotation(
+    t: Table, kind: CredentialKind | None, rotators: RotatorIndex
+) -> RotationPolicy | None:
+    """`rotation`: required for api_key, optional for oauth_client (its client secret)."""
+    expected = 'a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'
+    table = t.table("rotation", expected)
+    if table is None:
+        return None
+    if not t.present("rotation"):
+        if kind == "api_key":
+            t.problem("rotation", f"missing; expected {expected}")
+        return None
+    return load_rotation(table, kind, rotators)
 
 
 def _refresh(t: Table | None) -> RefreshPolicy | None:

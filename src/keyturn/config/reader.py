@@ -29,11 +29,12 @@ T = TypeVar("T")
 ENV_PREFIX = "KEYTURN"
 # `KEYTURN_<SECTION>_…` variables are overrides; other `KEYTURN_…` variables (such as the
 # CLI's KEYTURN_CONFIG) belong to someone else, unless their section is a near-miss typo.
-OVERRIDE_SECTIONS = ("KEYTURN", "VAULT", "METRICS", "PROVIDERS", "CREDENTIALS")
+OVERRIDE_SECTIONS = ("KEYTURN", "VAULT", "METRICS", "PROVIDERS", "ROTATORS", "CREDENTIALS")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _GENERIC_OVERRIDE = (
     "expected KEYTURN_<SECTION>_<KEY> for a key of [keyturn], [vault] or [metrics], "
-    "KEYTURN_VAULT_AUTH_<KEY>, KEYTURN_PROVIDERS_<NAME>_<KEY> or KEYTURN_CREDENTIALS_<NAME>_<KEY>"
+    "KEYTURN_VAULT_AUTH_<KEY>, KEYTURN_PROVIDERS_<NAME>_<KEY>, KEYTURN_ROTATORS_<NAME>_<KEY> or "
+    "KEYTURN_CREDENTIALS_<NAME>_<KEY>"
 )
 
 
@@ -96,6 +97,7 @@ class Table:
         self.name = name  # for an array entry: its valid, unique name
         self.declared_name: str | None = name  # a valid name, even if a duplicate
         self._known: list[str] = []
+        self._forbidden: set[str] = set()
         self._origin: dict[str, str] = {}
         if env_prefix is not None and path:
             ctx.prefixes[env_prefix] = path
@@ -166,6 +168,27 @@ class Table:
             return None
         return self._convert(key, field, raw)
 
+    def present(self, key: str) -> bool:
+        """Whether the sub-table `key` is in the file or some override variable targets it."""
+        if key in self.data:
+            return True
+        if self.env_prefix is None:
+            return False
+        head = f"{self.env_prefix}_{env_name(key)}_"
+        return any(var.startswith(head) for var in self.ctx.environ)
+
+    def forbid(self, key: str, message: str) -> None:
+        """Record `message` as a problem if `key` is set, in the file or by an override (which
+        is then reported here, not as unknown). The key is not listed among the known ones."""
+        self._forbidden.add(key)
+        var = f"{self.env_prefix}_{env_name(key)}" if self.env_prefix is not None else None
+        if var is not None and var in self.ctx.environ:
+            self.ctx.consumed.setdefault(var, self.key_path(key))
+            self._origin[key] = var
+            self.problem(key, message)
+        elif key in self.data:
+            self.problem(key, message)
+
     # -- nested tables and arrays --------------------------------------------------------
 
     def table(self, key: str, expected: str) -> Table | None:
@@ -228,7 +251,7 @@ class Table:
     def finish(self, context: str = "") -> None:
         """Report every key of this table that no builder asked for."""
         for key in self.data:
-            if key in self._known:
+            if key in self._known or key in self._forbidden:
                 continue
             close = difflib.get_close_matches(key, self._known, n=1, cutoff=0.6)
             hint = f'did you mean "{close[0]}"?' if close else _one_of(self._known)
@@ -263,7 +286,8 @@ def _unknown_override(ctx: Context, var: str, known: list[str]) -> str:
     close = difflib.get_close_matches(var, known, n=1, cutoff=0.9)
     if close:
         return f"not a known override; did you mean {close[0]}?"
-    for section, singular in (("PROVIDERS", "provider"), ("CREDENTIALS", "credential")):
+    sections = (("PROVIDERS", "provider"), ("ROTATORS", "rotator"), ("CREDENTIALS", "credential"))
+    for section, singular in sections:
         head = f"{ENV_PREFIX}_{section}_"
         if var.startswith(head):
             names = sorted(ctx.entry_names.get(head, []))

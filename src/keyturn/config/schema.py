@@ -9,7 +9,10 @@ else should construct them from raw input. Durations are float seconds. Secret i
     ├── vault: VaultSettings ── auth: TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
     ├── metrics: MetricsSettings
     ├── providers: Mapping[name, ProviderConfig]
-    └── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy
+    ├── rotators: Mapping[name, HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig]
+    │             (http: create/revoke: HttpCall, find: HttpFind)
+    └── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy,
+                                                     rotation: RotationPolicy
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from keyturn.references import SecretRef
 LogLevel = Literal["debug", "info", "warning", "error"]
 TokenRequest = Literal["json", "form"]
 ClientAuth = Literal["body", "basic"]
-CredentialKind = Literal["oauth_client"]
+CredentialKind = Literal["oauth_client", "api_key"]
+RotatorType = Literal["http", "exec", "manual"]
+HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -155,24 +160,115 @@ class ProviderConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class CredentialConfig:
-    """`[[credentials]]`: one credential keyturn keeps fresh.
+class HttpCall:
+    """One call of an `http` rotator (`create` or `revoke`) to the provider's key API.
 
-    client_id: a reference or an inline value (`SecretRef.inline`); client_secret: a reference.
-    publish_to: the KV path (relative to the mount) apps read.
-    probe: a path on the provider to call with a new token before publishing it.
+    path: starts with "/", relative to the provider's base_url; may hold `{placeholders}`.
+    body: a JSON text template (placeholders are filled JSON-string-escaped), or None.
+    value / id: RFC 6901 JSON pointers to the new key's value and id in the response.
+    ok_status: the statuses that mean success (for revoke, 404 and 410 also do).
+    """
+
+    path: str
+    method: HttpMethod = "POST"
+    body: str | None = None
+    value: str | None = None
+    id: str | None = None
+    ok_status: tuple[int, ...] = (200, 201, 202, 204)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpFind:
+    """How an `http` rotator lists keys: `items` points to the array in the response, `name`
+    and `id` point into one item (all RFC 6901 JSON pointers)."""
+
+    path: str
+    items: str
+    name: str
+    id: str
+    method: HttpMethod = "GET"
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRotatorConfig:
+    """`type = "http"`: a provider's key-management API.
+
+    provider: the `[[providers]]` entry whose base_url, timeout and TLS rules the calls use.
+    auth: sent as `Authorization: <auth_scheme> <value>` (None: no Authorization header).
     """
 
     name: str
     provider: str
-    client_id: SecretRef
-    client_secret: SecretRef
+    create: HttpCall
+    revoke: HttpCall
+    auth: SecretRef | None = None
+    auth_scheme: str = "Bearer"
+    find: HttpFind | None = None
+    type: Literal["http"] = field(default="http", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRotatorConfig:
+    """`type = "exec"`: an operator's command (argv; not run at load), parameters on stdin."""
+
+    name: str
+    command: tuple[str, ...]
+    timeout: float = 30.0
+    type: Literal["exec"] = field(default="exec", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ManualRotatorConfig:
+    """`type = "manual"`: a person creates the key; `keyturn import-key` hands it over."""
+
+    name: str
+    type: Literal["manual"] = field(default="manual", init=False)
+
+
+RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RotationPolicy:
+    """`[credentials.rotation]`: when and how a key (or a client secret) is replaced.
+
+    max_age: seconds a key is used before it is rotated. grace: seconds the old key stays
+    valid after the new one is published. rotator: a `[[rotators]]` entry's name.
+    verify_attempts: verification failures of one pending key before it is revoked and
+    a new one created.
+    """
+
+    max_age: float
+    rotator: str
+    grace: float = 3600.0
+    verify_attempts: int = 5
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialConfig:
+    """`[[credentials]]`: one credential keyturn keeps fresh.
+
+    kind "oauth_client": client_id (a reference or an inline value, `SecretRef.inline`) and
+    client_secret (a reference) are set; `rotation`, if set, rotates the client secret.
+    kind "api_key": client_id and client_secret are None; `probe` and `rotation` are set;
+    `initial_key` (a reference) and `initial_key_id` adopt an existing key at first start.
+    publish_to: the KV path (relative to the mount) apps read.
+    probe: a path on the provider to call with a new token or key before publishing it.
+    """
+
+    name: str
+    provider: str
+    client_id: SecretRef | None
+    client_secret: SecretRef | None
     publish_to: str
     kind: CredentialKind = "oauth_client"
     scope: str | None = None
     probe: str | None = None
     refresh: RefreshPolicy = field(default_factory=RefreshPolicy)
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    rotation: RotationPolicy | None = None
+    initial_key: SecretRef | None = None
+    initial_key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +281,14 @@ class Config:
     providers: Mapping[str, ProviderConfig]
     credentials: tuple[CredentialConfig, ...]
     source: Path
+    rotators: Mapping[str, RotatorConfig] = field(default_factory=dict)
     _by_name: Mapping[str, CredentialConfig] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", MappingProxyType(dict(self.providers)))
+        object.__setattr__(self, "rotators", MappingProxyType(dict(self.rotators)))
         by_name = MappingProxyType({c.name: c for c in self.credentials})
         object.__setattr__(self, "_by_name", by_name)
 
@@ -201,3 +299,9 @@ class Config:
     def provider_of(self, credential: CredentialConfig) -> ProviderConfig:
         """The provider a credential uses (always present in a validated Config)."""
         return self.providers[credential.provider]
+
+    def rotator_of(self, credential: CredentialConfig) -> RotatorConfig | None:
+        """The rotator a credential's rotation uses; None if it has no rotation policy."""
+        if credential.rotation is None:
+            return None
+        return self.rotators[credential.rotation.rotator]

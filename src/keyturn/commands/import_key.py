@@ -1,0 +1,76 @@
+"""`keyturn import-key -c FILE NAME [--key-id ID]`: hand over a key made by a person.
+
+For rotators of type `manual`: when a key is due, keyturn announces it and waits; an operator
+creates the key in the provider's dashboard and pipes it in (`… | keyturn import-key -c FILE
+NAME`). The key is read from standard input, never from argv. It is stored privately, then the
+rotation goes on as usual: verified against the probe, published, and the old key retired after
+the grace period.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+from keyturn.commands import add_config_argument, load_or_report
+from keyturn.commands.oneshot import credential_or_report, run_once
+from keyturn.commands.rotate import report
+from keyturn.errors import KeyturnError
+from keyturn.job import Journal
+from keyturn.runtime import Runtime
+from keyturn.secret import Secret
+
+MAX_KEY_BYTES = 16_384
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("name", help="the credential whose new key is on standard input")
+    parser.add_argument("--key-id", help="the provider's id for the key (not secret), if any")
+    parser.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for a lease held elsewhere"
+    )
+
+
+def read_key(stream: TextIO | None = None) -> Secret | None:
+    """The key from stdin: one line, surrounding whitespace stripped."""
+    text = (stream or sys.stdin).read(MAX_KEY_BYTES + 1)
+    if len(text) > MAX_KEY_BYTES:
+        return None
+    value = text.strip()
+    return Secret(value) if value and "\n" not in value else None
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_or_report(args.config)
+    if config is None or not credential_or_report(config, args.name, "import-key"):
+        return 1
+    if config.credential(args.name).rotation is None:
+        print(f"keyturn import-key: {args.name} has no rotation policy", file=sys.stderr)
+        return 1
+    key = read_key()
+    if key is None:
+        print(
+            "keyturn import-key: expected the key as one line on standard input "
+            f"(at most {MAX_KEY_BYTES} bytes)",
+            file=sys.stderr,
+        )
+        return 1
+
+    def prepare(runtime: Runtime) -> Callable[[Journal], None] | None:
+        rotation = runtime.rotation(args.name)
+        if rotation is None:
+            return None
+        return lambda journal: rotation.accept_key(journal, key, args.key_id)
+
+    try:
+        outcome = asyncio.run(
+            run_once(config, args.name, force={"rotation"}, wait=args.wait, prepare=prepare)
+        )
+    except KeyturnError as error:
+        print(f"keyturn import-key: {error}", file=sys.stderr)
+        return 1
+    return report(args.name, outcome, "import-key")

@@ -1,0 +1,49 @@
+"""Running one credential's job once from the command line, beside a running daemon.
+
+The job takes the same lease in Vault as the daemon does, so a command and the daemon never
+work on one credential at once: if the daemon holds the lease, the command waits (bounded).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Collection
+
+from keyturn.clock import SystemClock
+from keyturn.config import Config
+from keyturn.job import Journal, Outcome
+from keyturn.runtime import Runtime, open_runtime
+
+
+def credential_or_report(config: Config, name: str, command: str) -> bool:
+    try:
+        config.credential(name)
+    except KeyError:
+        print(
+            f"keyturn {command}: no credential named {name!r} in {config.source}", file=sys.stderr
+        )
+        return False
+    return True
+
+
+async def run_once(
+    config: Config,
+    name: str,
+    *,
+    force: Collection[str],
+    wait: float,
+    prepare: Callable[[Runtime], Callable[[Journal], None] | None] | None = None,
+) -> Outcome:
+    """Run `name`'s job with `force`, waiting up to `wait` seconds for a lease held elsewhere."""
+    clock = SystemClock()
+    instance = f"{config.keyturn.instance_id}/cli-{os.getpid()}"
+    async with open_runtime(config, clock=clock, instance_id=instance) as runtime:
+        job = runtime.jobs[name]
+        hook = prepare(runtime) if prepare else None
+        deadline = clock.monotonic() + wait
+        while True:
+            outcome = await job.run(force=force, prepare=hook)
+            if outcome.action != "lease_held" or clock.monotonic() >= deadline:
+                return outcome
+            await clock.sleep(min(1.0, max(0.1, outcome.next_due - clock.time())))

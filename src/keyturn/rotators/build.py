@@ -1,0 +1,51 @@
+"""`build_rotator`: the rotator a `[[rotators]]` entry describes, ready to use.
+
+    rotator = await build_rotator(config.rotators["acme-keys"], providers=config.providers,
+                                  resolver=resolver, clock=clock)
+    ...
+    await rotator.aclose()
+
+An `http` rotator's `auth` reference is resolved here, once (a `SecretReferenceError` or a
+`VaultError` if it cannot be). Nothing is run or contacted: an `exec` command runs only when
+a rotation needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import httpx
+
+from keyturn.clock import Clock
+from keyturn.config.schema import (
+    ExecRotatorConfig,
+    HttpRotatorConfig,
+    ProviderConfig,
+    RotatorConfig,
+)
+from keyturn.references import ReferenceResolver
+from keyturn.rotators.base import Rotator
+from keyturn.rotators.exec import ExecRotator
+from keyturn.rotators.http import HttpRotator
+from keyturn.rotators.manual import ManualRotator
+
+
+async def build_rotator(
+    config: RotatorConfig,
+    *,
+    providers: Mapping[str, ProviderConfig],
+    resolver: ReferenceResolver,
+    clock: Clock,
+    transport: httpx.AsyncBaseTransport | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Rotator:
+    """The rotator for `config`. `transport` (http) and `environ` (exec: the environment the
+    command inherits, before keyturn's and Vault's variables are removed) are for tests."""
+    if isinstance(config, HttpRotatorConfig):
+        auth = await resolver.resolve(config.auth) if config.auth is not None else None
+        return HttpRotator(
+            config, providers[config.provider], auth, transport=transport, clock=clock
+        )
+    if isinstance(config, ExecRotatorConfig):
+        return ExecRotator(config, environ=environ)
+    return ManualRotator(config)
