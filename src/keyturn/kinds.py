@@ -11,12 +11,14 @@ apps read.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Awaitable, Callable
 
 from keyturn.clock import Clock
+from keyturn.errors import KeyturnError
 from keyturn.events import Observer
-from keyturn.job import CredentialJob
+from keyturn.job import CredentialJob, Journal
 from keyturn.layout import CredentialState, api_key_published_fields, published_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.refresher import publish_with_cas, verify_with_probe
@@ -59,7 +61,11 @@ def api_key_job(
         )
 
     async def publish(
-        key: Secret, key_id: str | None, created_at: float, state: CredentialState
+        key: Secret,
+        key_id: str | None,
+        created_at: float,
+        state: CredentialState,
+        report: bool = True,
     ) -> int:
         rotate_after = created_at + settings.max_age
         version = await publish_with_cas(
@@ -71,6 +77,7 @@ def api_key_job(
             last_version=state.published_version,
             credential=name,
             provider=provider,
+            report=report,
         )
         observer.published(name, provider, "api_key", created_at, rotate_after)
         return version
@@ -98,7 +105,7 @@ def api_key_job(
         name,
         provider=provider,
         kind="api_key",
-        tasks=[rotation],
+        tasks=[rotation, RepublishKey(publish)],
         store=store,
         observer=observer,
         clock=clock,
@@ -107,6 +114,34 @@ def api_key_job(
         state_prefix=state_prefix,
         lease_seconds=lease_seconds,
     )
+
+
+class RepublishKey:
+    """The `republish` task (forced only): put the current key back where apps read it, after
+    someone else changed or deleted it (the watcher already reported that)."""
+
+    name = "republish"
+
+    def __init__(self, publish: Callable[..., Awaitable[int]]) -> None:
+        self._publish = publish
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        return now if force and state.key is not None else math.inf
+
+    async def step(self, journal: Journal) -> str:
+        state = journal.state
+        if state.key is None or state.key_created_at is None:
+            return "waiting"
+        version = await self._publish(
+            state.key, state.key_id, state.key_created_at, state, report=False
+        )
+        journal.stage(state.with_(published_version=version))
+        return "republished"
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        return state.with_(rotation_error=str(error)), state.rotation_failures + 1
 
 
 def client_secret_rotation(

@@ -63,6 +63,14 @@ class OAuthTarget:
     default_lifetime: float = 3600.0
 
 
+# A token living less than this share of the previous one's lifetime counts as drift.
+DRIFT_LIFETIME_RATIO = 0.5
+
+
+def _scopes(scope: str | None) -> frozenset[str]:
+    return frozenset(scope.split()) if scope else frozenset()
+
+
 def outcome_label(error: BaseException) -> str:
     """The `outcome` label for a failed token request (bounded set)."""
     if isinstance(error, OAuthError):
@@ -161,6 +169,7 @@ class TokenRefresh:
             token.expires_in if token.expires_in is not None else self.target.default_lifetime
         )
         issued_at, expires_at = requested_at, requested_at + lifetime
+        self._check_drift(state, token, lifetime)
         if token.refresh_token is not None:
             state = state.with_(refresh_token=token.refresh_token)
         # Promise 2: the rotated refresh token is durable before any access token is published.
@@ -196,6 +205,30 @@ class TokenRefresh:
             self.target.name, self.target.provider, KIND, issued_at, expires_at
         )
         return "refreshed"
+
+    def _check_drift(self, state: CredentialState, token: TokenResponse, lifetime: float) -> None:
+        """Grant drift: a token not what was asked for, or much shorter-lived than usual."""
+        asked, granted = _scopes(self.target.scope), _scopes(token.scope)
+        problems = []
+        if token.scope is not None and asked and granted != asked:
+            extra, missing = sorted(granted - asked), sorted(asked - granted)
+            problems.append(f"scope differs from what was asked (extra {extra}, missing {missing})")
+        elif (
+            token.scope is not None and state.scope is not None and granted != _scopes(state.scope)
+        ):
+            problems.append("scope differs from the previous token's")
+        if state.issued_at is not None and state.expires_at is not None:
+            usual = state.expires_at - state.issued_at
+            if usual > 0 and lifetime < usual * DRIFT_LIFETIME_RATIO:
+                problems.append(f"lifetime dropped from {usual:.0f}s to {lifetime:.0f}s")
+        if problems:
+            self._observer.suspicious(
+                self.target.name,
+                self.target.provider,
+                "grant_drift",
+                "warning",
+                "; ".join(problems),
+            )
 
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float
@@ -310,6 +343,7 @@ async def publish_with_cas(
     last_version: int | None,
     credential: str,
     provider: str,
+    report: bool = True,
 ) -> int:
     """Write what apps read, on top of the version keyturn last wrote.
 
@@ -323,7 +357,7 @@ async def publish_with_cas(
     except VaultCasConflict:
         current = await store.read_metadata(path)
         seen = current.current_version if current else 0
-        if last_version is not None:
+        if last_version is not None and report:
             observer.suspicious(
                 credential,
                 provider,

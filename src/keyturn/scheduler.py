@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -31,7 +31,7 @@ class Runnable(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def run(self, *, force: bool = False) -> Outcome: ...
+    async def run(self, *, force: bool | Collection[str] = False) -> Outcome: ...
 
 
 @dataclass(slots=True)
@@ -90,7 +90,7 @@ class CredentialScheduler:
         if self._scheduler.running:
             self._plan_periodic(name, self._clock.time())
 
-    async def run_now(self, name: str, *, force: bool = True) -> Outcome:
+    async def run_now(self, name: str, *, force: bool | Collection[str] = True) -> Outcome:
         """Run a credential's job immediately (waits if it is already running)."""
         return await self._run(name, self._clock.time(), force=force)
 
@@ -128,7 +128,7 @@ class CredentialScheduler:
             if task is not None:
                 self._in_flight.discard(task)
 
-    async def _run(self, name: str, planned: float, *, force: bool) -> Outcome:
+    async def _run(self, name: str, planned: float, *, force: bool | Collection[str]) -> Outcome:
         status = self._status[name]
         async with status.lock, self._slots:
             self.lateness.append(max(0.0, self._clock.time() - planned))

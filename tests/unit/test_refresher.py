@@ -46,7 +46,7 @@ class World:
     inputs: dict[str, tuple[str, Secret]]
 
     def refresher(
-        self, instance: str = "i-1", probe: str | None = "/v1/projects"
+        self, instance: str = "i-1", probe: str | None = "/v1/projects", scope: str | None = None
     ) -> OAuthRefresher:
         client = ProviderClient(
             ProviderSettings(name="acme", base_url="https://acme.test"),
@@ -63,6 +63,7 @@ class World:
                 provider="acme",
                 publish_to=PUBLISHED,
                 probe=probe,
+                scope=scope,
                 refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
                 backoff=BackoffPolicy(initial=1, maximum=300),
             ),
@@ -372,3 +373,30 @@ async def test_each_malformed_response_is_a_clear_error_and_others_keep_refreshi
     failures = world.observer.named("failed")
     assert [f[0] for f in failures] == ["bad"] * 3
     assert [f[4] for f in failures] == [1, 2, 3]
+
+
+async def test_grant_drift_in_lifetime_is_reported(world: World) -> None:
+    refresher = world.refresher()
+    outcome = await refresher.run()
+    world.server.expires_in = 60  # was 600
+    world.clock.advance(outcome.next_due - world.clock.time())
+    await refresher.run()
+    drift = [s for s in world.observer.named("suspicious") if s[2] == "grant_drift"]
+    assert len(drift) == 1
+    assert "lifetime dropped from 600s to 60s" in str(drift[0][4])
+
+
+async def test_a_usual_lifetime_is_not_drift(world: World) -> None:
+    refresher = world.refresher()
+    for _ in range(3):
+        outcome = await refresher.run()
+        world.clock.advance(outcome.next_due - world.clock.time())
+    assert world.observer.named("suspicious") == []
+
+
+async def test_a_scope_other_than_asked_is_drift(world: World) -> None:
+    world.server.scope = "projects:read admin"
+    await world.refresher(scope="projects:read").run()
+    drift = [s for s in world.observer.named("suspicious") if s[2] == "grant_drift"]
+    assert len(drift) == 1
+    assert "extra ['admin']" in str(drift[0][4])

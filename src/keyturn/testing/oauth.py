@@ -17,6 +17,7 @@ class FakeOAuthServer:
     client_secret: str = "cs-secret-value"
     expires_in: object = 600
     issue_refresh: bool = True
+    scope: str | None = None
     next_responses: list[httpx.Response] = field(default_factory=list)
     probe_status: int | None = None
     grants: list[str] = field(default_factory=list)
@@ -54,6 +55,8 @@ class FakeOAuthServer:
         response: dict[str, object] = {"access_token": access, "token_type": "Bearer"}
         if self.expires_in is not None:
             response["expires_in"] = self.expires_in
+        if self.scope is not None:
+            response["scope"] = self.scope
         if self.issue_refresh:
             refresh = f"rt-{n}-secretvalue"
             self.live_refresh.add(refresh)

@@ -1,0 +1,113 @@
+"""Detector 1: a published secret changed by someone other than keyturn.
+
+A periodic sweep reads the KV metadata of every published path (one read per credential) and
+compares it with what keyturn last wrote: a newer version (a write by someone else), deleted or
+destroyed versions, or custom metadata that no longer says keyturn wrote it. Each finding is
+reported once per version seen. The response is configurable: `republish` puts keyturn's value
+back (apps get a working credential again), `alert` leaves the path alone for a person to look
+at. (Conflicts keyturn meets while writing are reported by the writers themselves.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from keyturn.errors import KeyturnError
+from keyturn.events import Observer
+from keyturn.layout import MANAGED_BY
+from keyturn.logs import get_logger
+from keyturn.vault.store import KvMetadata, KvStore
+
+Response = Literal["republish", "alert"]
+DETECTOR = "published_secret_changed"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchTarget:
+    name: str
+    provider: str
+    publish_to: str
+
+
+def findings(metadata: KvMetadata | None, known_version: int, credential: str) -> list[str]:
+    """What is wrong with a published path, given the version keyturn last wrote there."""
+    if metadata is None:
+        return ["the published path was deleted (metadata and all versions)"]
+    found = []
+    if metadata.current_version != known_version:
+        found.append(
+            f"version {metadata.current_version} is current; keyturn last wrote {known_version}"
+        )
+    for number, version in sorted(metadata.versions.items()):
+        if number < known_version:
+            continue
+        if version.destroyed:
+            found.append(f"version {number} was destroyed")
+        elif version.deletion_time is not None:
+            found.append(f"version {number} was deleted")
+    meta = metadata.custom_metadata
+    if meta.get("managed-by") != MANAGED_BY or meta.get("credential") != credential:
+        found.append("custom_metadata no longer says keyturn wrote it")
+    return found
+
+
+class PublishedWatcher:
+    """Sweeps published paths; `sweep` is a periodic job returning the delay to the next."""
+
+    def __init__(
+        self,
+        targets: Mapping[str, WatchTarget],
+        *,
+        store: KvStore,
+        observer: Observer,
+        known_version: Callable[[str], int | None],
+        republish: Callable[[str], Awaitable[object]],
+        response: Response,
+        interval: float,
+    ) -> None:
+        self._targets = dict(targets)
+        self._store = store
+        self._observer = observer
+        self._known = known_version
+        self._republish = republish
+        self._response = response
+        self._interval = interval
+        self._reported: dict[str, tuple[int | None, tuple[str, ...]]] = {}
+        self._log = get_logger("keyturn.watch")
+
+    async def sweep(self) -> float:
+        for target in self._targets.values():
+            try:
+                await self.check(target)
+            except KeyturnError as error:  # Vault trouble is reported by the jobs themselves
+                self._log.warning("watch.failed", credential=target.name, error=str(error))
+        return self._interval
+
+    async def check(self, target: WatchTarget) -> list[str]:
+        known = self._known(target.name)
+        if known is None:
+            return []  # never published by this process yet: nothing to compare with
+        metadata = await self._store.read_metadata(target.publish_to)
+        found = findings(metadata, known, target.name)
+        if not found:
+            self._reported.pop(target.name, None)
+            return []
+        key = (metadata.current_version if metadata else None, tuple(found))
+        if self._reported.get(target.name) == key:
+            return found  # already reported for this version
+        self._reported[target.name] = key
+        severity = (
+            "critical" if any("deleted" in f or "destroyed" in f for f in found) else "warning"
+        )
+        self._observer.suspicious(
+            target.name,
+            target.provider,
+            DETECTOR,
+            severity,
+            "; ".join(found) + f"; response: {self._response}",
+        )
+        if self._response == "republish":
+            await self._republish(target.name)
+        return found

@@ -1,0 +1,118 @@
+"""Detector 1 over FakeVaultStore: out-of-band writes, deletions and foreign metadata."""
+
+from __future__ import annotations
+
+import pytest
+
+from keyturn.clock import FakeClock
+from keyturn.testing.vault import FakeVaultStore
+from keyturn.watch import PublishedWatcher, WatchTarget
+
+PATH = "apps/reporting/acme"
+OURS = {"managed-by": "keyturn", "credential": "reporting", "writer": "i-1", "expires_at": "x"}
+
+
+@pytest.fixture
+def store() -> FakeVaultStore:
+    return FakeVaultStore(clock=FakeClock())
+
+
+def make(store: FakeVaultStore, known: dict[str, int], response: str = "republish"):
+    seen: list[tuple[object, ...]] = []
+    republished: list[str] = []
+
+    class Observer:
+        def suspicious(self, *args: object) -> None:
+            seen.append(args)
+
+        def __getattr__(self, name: str):
+            return lambda *args: None
+
+    async def republish(name: str) -> None:
+        republished.append(name)
+
+    watcher = PublishedWatcher(
+        {"reporting": WatchTarget("reporting", "acme", PATH)},
+        store=store,
+        observer=Observer(),  # type: ignore[arg-type]
+        known_version=known.get,
+        republish=republish,
+        response=response,  # type: ignore[arg-type]
+        interval=300,
+    )
+    return watcher, seen, republished
+
+
+async def ours(store: FakeVaultStore) -> int:
+    return await store.write(PATH, {"access_token": "t"}, cas=None, custom_metadata=OURS)
+
+
+async def test_an_untouched_path_is_quiet(store: FakeVaultStore) -> None:
+    version = await ours(store)
+    watcher, seen, republished = make(store, {"reporting": version})
+    assert await watcher.sweep() == 300
+    assert seen == []
+    assert republished == []
+
+
+async def test_a_write_by_someone_else_is_reported_once_and_republished(
+    store: FakeVaultStore,
+) -> None:
+    version = await ours(store)
+    store.external_write(PATH, {"access_token": "planted"})
+    watcher, seen, republished = make(store, {"reporting": version})
+    await watcher.sweep()
+    await watcher.sweep()  # same finding: not reported again
+    assert len(seen) == 1
+    credential, provider, detector, severity, detail = seen[0]
+    assert (credential, provider, detector, severity) == (
+        "reporting",
+        "acme",
+        "published_secret_changed",
+        "warning",
+    )
+    assert "version 2 is current; keyturn last wrote 1" in str(detail)
+    assert republished == ["reporting"]  # once per finding, not on every sweep
+
+
+async def test_alert_only_leaves_the_value_alone(store: FakeVaultStore) -> None:
+    version = await ours(store)
+    store.external_write(PATH, {"access_token": "planted"})
+    watcher, seen, republished = make(store, {"reporting": version}, response="alert")
+    await watcher.sweep()
+    assert len(seen) == 1
+    assert "response: alert" in str(seen[0][4])
+    assert republished == []
+
+
+async def test_a_deleted_version_is_critical(store: FakeVaultStore) -> None:
+    version = await ours(store)
+    store.delete_versions(PATH)
+    watcher, seen, _ = make(store, {"reporting": version})
+    await watcher.sweep()
+    assert seen[0][3] == "critical"
+    assert f"version {version} was deleted" in str(seen[0][4])
+
+
+async def test_a_destroyed_path_is_reported(store: FakeVaultStore) -> None:
+    version = await ours(store)
+    await store.delete_all(PATH)
+    watcher, seen, _ = make(store, {"reporting": version})
+    await watcher.sweep()
+    assert "deleted (metadata and all versions)" in str(seen[0][4])
+
+
+async def test_foreign_metadata_is_reported(store: FakeVaultStore) -> None:
+    version = await store.write(
+        PATH, {"access_token": "t"}, cas=None, custom_metadata={"managed-by": "someone"}
+    )
+    watcher, seen, _ = make(store, {"reporting": version})
+    await watcher.sweep()
+    assert "custom_metadata no longer says keyturn wrote it" in str(seen[0][4])
+
+
+async def test_nothing_is_compared_before_keyturn_published(store: FakeVaultStore) -> None:
+    store.external_write(PATH, {"access_token": "not-ours"})
+    watcher, seen, _ = make(store, {})
+    await watcher.sweep()
+    assert seen == []
