@@ -23,8 +23,8 @@ import httpx
 import hvac
 
 from keyturn.clock import SystemClock, parse_rfc3339
-from keyturn.commands.run import run_daemon
 from keyturn.config import Config, load_config
+from keyturn.daemon import run_daemon
 from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.dev.sandbox import SandboxProcess
 from keyturn.logs import configure_logging

@@ -93,17 +93,152 @@ class CredentialInputs:
         return await self._resolver.resolve(credential.initial_key), credential.initial_key_id
 
 
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What every job shares for the life of the process (a reload keeps it)."""
+
+    store: VaultStore
+    observers: Observers
+    clock: Clock
+    rng: random.Random
+    environ: Mapping[str, str]
+    instance_id: str | None = None
+
+
+@dataclass
+class JobSet:
+    """Everything built from one configuration: provider clients, rotators, inputs, jobs.
+
+    A configuration reload builds a new JobSet and closes the old one once its runs are over.
+    """
+
+    config: Config
+    clients: dict[str, ProviderClient] = field(default_factory=dict)
+    rotators: dict[str, Rotator] = field(default_factory=dict)
+    jobs: dict[str, CredentialJob] = field(default_factory=dict)
+    inputs: CredentialInputs | None = None
+
+    async def aclose(self) -> None:
+        for rotator in self.rotators.values():
+            await rotator.aclose()
+        for client in self.clients.values():
+            await client.aclose()
+
+
+async def build_jobs(config: Config, context: Context) -> JobSet:
+    """One pooled client per provider, the rotators credentials use, one job per credential."""
+    jobs = JobSet(config)
+    try:
+        await _build(jobs, context)
+    except BaseException:
+        await jobs.aclose()
+        raise
+    return jobs
+
+
+async def _build(jobs: JobSet, context: Context) -> None:
+    config, store, observer = jobs.config, context.store, context.observers
+    clock, rng = context.clock, context.rng
+    for provider in config.providers.values():
+        jobs.clients[provider.name] = ProviderClient(provider_settings(provider), clock=clock)
+    resolver = ReferenceResolver(context.environ, store)
+    inputs = jobs.inputs = CredentialInputs(config, resolver)
+    used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
+    for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
+        jobs.rotators[name] = await build_rotator(
+            config.rotators[name], providers=config.providers, resolver=resolver, clock=clock
+        )
+    lease = 2 * max((p.timeout for p in config.providers.values()), default=30.0) + 60
+    instance = context.instance_id or config.keyturn.instance_id
+    pause_at = context.environ.get(PAUSE_VARIABLE)  # crash tests only
+    for credential in config.credentials:
+        provider = config.providers[credential.provider]
+        client = jobs.clients[credential.provider]
+        name = credential.name
+        policy = credential.rotation
+        settings = (
+            RotationSettings(policy.max_age, policy.grace, policy.verify_attempts)
+            if policy is not None
+            else None
+        )
+        if credential.kind == "api_key":
+            if policy is None or settings is None or credential.probe is None:
+                raise ConfigError(f"{config.source}: credentials[{name!r}]: incomplete")
+            jobs.jobs[name] = api_key_job(
+                name,
+                provider=credential.provider,
+                publish_to=credential.publish_to,
+                probe=credential.probe,
+                settings=settings,
+                rotator=jobs.rotators[policy.rotator],
+                client=client,
+                store=store,
+                observer=observer,
+                clock=clock,
+                rng=rng,
+                instance_id=instance,
+                state_prefix=config.keyturn.state_prefix,
+                initial_key=functools.partial(inputs.initial_key, name),
+                lease_seconds=lease,
+                pause_at=pause_at,
+            )
+            continue
+        extra: tuple[Task, ...] = ()
+        if policy is not None and settings is not None:
+            extra = (
+                client_secret_rotation(
+                    name,
+                    provider=credential.provider,
+                    probe=credential.probe,
+                    scope=credential.scope,
+                    settings=settings,
+                    rotator=jobs.rotators[policy.rotator],
+                    client=client,
+                    client_id=functools.partial(inputs.client_id, name),
+                    observer=observer,
+                    clock=clock,
+                    rng=rng,
+                    pause_at=pause_at,
+                ),
+            )
+        jobs.jobs[name] = OAuthRefresher(
+            oauth_target(credential, provider),
+            client=client,
+            store=store,
+            inputs=inputs,
+            observer=observer,
+            clock=clock,
+            rng=rng,
+            instance_id=instance,
+            state_prefix=config.keyturn.state_prefix,
+            lease_seconds=lease,
+            extra_tasks=extra,
+        )
+
+
 @dataclass
 class Runtime:
-    config: Config
-    clock: Clock
-    store: VaultStore
-    clients: Mapping[str, ProviderClient]
-    inputs: CredentialInputs
-    observers: Observers
-    jobs: dict[str, CredentialJob] = field(default_factory=dict)
-    rotators: dict[str, Rotator] = field(default_factory=dict)
+    """The live process: the shared context and the current JobSet."""
+
+    context: Context
+    current: JobSet
     scheduler: CredentialScheduler | None = None
+
+    @property
+    def config(self) -> Config:
+        return self.current.config
+
+    @property
+    def store(self) -> VaultStore:
+        return self.context.store
+
+    @property
+    def observers(self) -> Observers:
+        return self.context.observers
+
+    @property
+    def jobs(self) -> dict[str, CredentialJob]:
+        return self.current.jobs
 
     def rotation(self, name: str) -> KeyRotation | None:
         """The rotation task of credential `name`, if it has one."""
@@ -121,95 +256,23 @@ async def open_runtime(
     observers: list[Observer] | None = None,
     rng: random.Random | None = None,
 ) -> AsyncIterator[Runtime]:
-    """Log in to Vault, open one pooled client per provider, build one job per credential."""
+    """Log in to Vault and build the jobs; everything is closed on exit."""
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
-    rng = rng or random.Random()  # jitter, not cryptography
     store = await open_vault_store(config, clock=clock, environ=environ)
-    clients: dict[str, ProviderClient] = {}
+    context = Context(
+        store=store,
+        observers=Observers(LoggingObserver(), *(observers or [])),
+        clock=clock,
+        rng=rng or random.Random(),  # jitter, not cryptography
+        environ=environ,
+        instance_id=instance_id,
+    )
     runtime: Runtime | None = None
     try:
-        for provider in config.providers.values():
-            clients[provider.name] = ProviderClient(provider_settings(provider), clock=clock)
-        inputs = CredentialInputs(config, ReferenceResolver(environ, store))
-        observer = Observers(LoggingObserver(), *(observers or []))
-        runtime = Runtime(config, clock, store, clients, inputs, observer)
-        lease = 2 * max(p.timeout for p in config.providers.values()) + 60 if clients else 120
-        resolver = ReferenceResolver(environ, store)
-        used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
-        for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
-            runtime.rotators[name] = await build_rotator(
-                config.rotators[name], providers=config.providers, resolver=resolver, clock=clock
-            )
-        instance = instance_id or config.keyturn.instance_id
-        pause_at = environ.get(PAUSE_VARIABLE)  # crash tests only
-        for credential in config.credentials:
-            provider = config.providers[credential.provider]
-            client = clients[credential.provider]
-            name = credential.name
-            policy = credential.rotation
-            settings = (
-                RotationSettings(policy.max_age, policy.grace, policy.verify_attempts)
-                if policy is not None
-                else None
-            )
-            if credential.kind == "api_key":
-                if policy is None or settings is None or credential.probe is None:
-                    raise ConfigError(f"{config.source}: credentials[{name!r}]: incomplete")
-                runtime.jobs[name] = api_key_job(
-                    name,
-                    provider=credential.provider,
-                    publish_to=credential.publish_to,
-                    probe=credential.probe,
-                    settings=settings,
-                    rotator=runtime.rotators[policy.rotator],
-                    client=client,
-                    store=store,
-                    instance_id=instance,
-                    state_prefix=config.keyturn.state_prefix,
-                    initial_key=functools.partial(inputs.initial_key, name),
-                    lease_seconds=lease,
-                    pause_at=pause_at,
-                    observer=observer,
-                    clock=clock,
-                    rng=rng,
-                )
-                continue
-            extra: tuple[Task, ...] = ()
-            if policy is not None and settings is not None:
-                extra = (
-                    client_secret_rotation(
-                        name,
-                        provider=credential.provider,
-                        probe=credential.probe,
-                        scope=credential.scope,
-                        settings=settings,
-                        rotator=runtime.rotators[policy.rotator],
-                        client=client,
-                        client_id=functools.partial(inputs.client_id, name),
-                        pause_at=pause_at,
-                        observer=observer,
-                        clock=clock,
-                        rng=rng,
-                    ),
-                )
-            runtime.jobs[name] = OAuthRefresher(
-                oauth_target(credential, provider),
-                client=client,
-                store=store,
-                inputs=inputs,
-                instance_id=instance,
-                state_prefix=config.keyturn.state_prefix,
-                lease_seconds=lease,
-                extra_tasks=extra,
-                observer=observer,
-                clock=clock,
-                rng=rng,
-            )
+        runtime = Runtime(context, await build_jobs(config, context))
         yield runtime
     finally:
-        for rotator in runtime.rotators.values() if runtime is not None else ():
-            await rotator.aclose()
-        for client in clients.values():
-            await client.aclose()
+        if runtime is not None:
+            await runtime.current.aclose()
         await store.close()

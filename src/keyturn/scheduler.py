@@ -94,6 +94,36 @@ class CredentialScheduler:
         """Run a credential's job immediately (waits if it is already running)."""
         return await self._run(name, self._clock.time(), force=force)
 
+    def replace_jobs(
+        self, jobs: Iterable[Runnable], *, changed: Collection[str]
+    ) -> dict[str, list[str]]:
+        """Swap in the jobs of a new configuration. Added and `changed` credentials run now
+        (each decides whether work is due); removed ones stop being scheduled (a run in
+        progress finishes); unchanged ones keep their plan."""
+        new = {job.name: job for job in jobs}
+        removed = sorted(set(self._jobs) - set(new))
+        added = sorted(set(new) - set(self._jobs))
+        rerun = sorted((set(changed) & set(new)) - set(added))
+        self._jobs = new
+        for name in removed:
+            self._status.pop(name, None)
+            if self._scheduler.get_job(f"credential:{name}") is not None:
+                self._scheduler.remove_job(f"credential:{name}")
+        now = self._clock.time()
+        for name in added:
+            self._status[name] = JobStatus()
+        for name in added + rerun:
+            self._plan(name, now)
+        return {"added": added, "removed": removed, "changed": rerun}
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the runs in progress now to finish; True if they did."""
+        tasks = set(self._in_flight)
+        if not tasks:
+            return True
+        _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        return not pending
+
     async def shutdown(self, timeout: float) -> bool:
         """Stop starting runs, wait up to `timeout` for in-flight ones; True if all finished."""
         self._accepting = False
@@ -106,8 +136,8 @@ class CredentialScheduler:
         return not pending
 
     def _plan(self, name: str, due: float) -> None:
-        if not self._accepting:
-            return
+        if not self._accepting or name not in self._jobs:
+            return  # shutting down, or the credential was removed by a reload
         self._status[name].next_due = due
         self._scheduler.add_job(
             self._fire,
@@ -123,6 +153,8 @@ class CredentialScheduler:
         if task is not None:
             self._in_flight.add(task)
         try:
+            if name not in self._jobs:
+                return  # removed by a reload after this run was planned
             await self._run(name, planned, force=False)
         finally:
             if task is not None:
@@ -133,8 +165,11 @@ class CredentialScheduler:
         async with status.lock, self._slots:
             self.lateness.append(max(0.0, self._clock.time() - planned))
             status.running = True
+            job = self._jobs.get(name)
             try:
-                outcome = await self._jobs[name].run(force=force)
+                if job is None:
+                    raise LookupError(f"credential {name} is no longer configured")
+                outcome = await job.run(force=force)
             except Exception as exc:  # a bug in one credential's run must not stop its schedule
                 self._log.exception("job.crashed", credential=name, error=type(exc).__name__)
                 outcome = Outcome(

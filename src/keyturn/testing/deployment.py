@@ -171,6 +171,11 @@ class DaemonProcess:
             time.sleep(0.05)
         raise TimeoutError(f"{needle!r} not logged within {timeout}s")
 
+    def send(self, signum: int) -> None:
+        """Send a signal (e.g. SIGHUP) without waiting for anything."""
+        if self._process is not None:
+            self._process.send_signal(signum)
+
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
         """Send `signum` and wait; returns the exit code."""
         if self._process is None:
