@@ -12,10 +12,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.logs import get_logger
+from keyturn.observability import (
+    HeartbeatLiveness,
+    MetricsServer,
+    PrometheusObserver,
+    readiness_check,
+)
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
 
@@ -68,9 +76,17 @@ async def reload(runtime: Runtime, path: Path) -> bool:
     runtime.current = jobs
     summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
     log.info("config.reloaded", **summary)
+    if runtime.metrics is not None:
+        runtime.metrics.credentials_configured(len(jobs.jobs))
+        for name in summary["removed"]:
+            runtime.metrics.forget(name)
     await scheduler.drain(old.keyturn.shutdown_timeout)  # runs still using the old clients
     await previous.aclose()
     return True
+
+
+HEARTBEAT_SECONDS = 5.0
+LIVENESS_MAX_AGE = 60.0
 
 
 async def run_daemon(
@@ -81,32 +97,63 @@ async def run_daemon(
     started: asyncio.Event | None = None,
     reload_requests: asyncio.Queue[None] | None = None,
     runtime_out: list[Runtime] | None = None,
+    registry: CollectorRegistry | None = None,
 ) -> int:
     """Run until `stop` is set; each item put on `reload_requests` reloads the config file.
     `started`/`runtime_out` let an embedding (demo, tests, benchmarks) watch."""
     clock = clock or SystemClock()
-    async with open_runtime(config, clock=clock) as runtime:
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = PrometheusObserver(registry, clock)
+    async with open_runtime(
+        config, clock=clock, observers=[metrics], on_vault_operation=metrics.vault_operation
+    ) as runtime:
+        metrics.credentials_configured(len(runtime.jobs))
         scheduler = CredentialScheduler(
             runtime.jobs.values(),
             clock=clock,
             max_concurrency=config.keyturn.max_concurrency,
+            on_lateness=metrics.lateness,
         )
         runtime.scheduler = scheduler
+        runtime.metrics = metrics
+
+        async def heartbeat() -> float:
+            metrics.heartbeat()
+            metrics.vault_token(runtime.store.token_expires_at(), runtime.store.authenticated)
+            return HEARTBEAT_SECONDS
+
         scheduler.add_periodic("vault-token", runtime.store.maintain_token)
-        scheduler.start()
-        log.info(
-            "daemon.started",
-            instance=config.keyturn.instance_id,
-            credentials=len(runtime.jobs),
+        scheduler.add_periodic("heartbeat", heartbeat)
+        server = MetricsServer(
+            config.metrics,
+            registry,
+            alive=HeartbeatLiveness(
+                lambda: metrics.last_heartbeat, clock=clock, max_age=LIVENESS_MAX_AGE
+            ),
+            ready=readiness_check(
+                vault=runtime.store.health, observer=metrics, credentials=lambda: list(runtime.jobs)
+            ),
         )
-        if runtime_out is not None:
-            runtime_out.append(runtime)
-        if started is not None:
-            started.set()
-        await _serve(runtime, stop, reload_requests)
-        log.info("daemon.stopping")
-        drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
-        log.info("daemon.stopped", drained=drained)
+        await server.start()
+        try:
+            metrics.heartbeat()
+            scheduler.start()
+            log.info(
+                "daemon.started",
+                instance=config.keyturn.instance_id,
+                credentials=len(runtime.jobs),
+                metrics=server.url,
+            )
+            if runtime_out is not None:
+                runtime_out.append(runtime)
+            if started is not None:
+                started.set()
+            await _serve(runtime, stop, reload_requests)
+            log.info("daemon.stopping")
+            drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
+            log.info("daemon.stopped", drained=drained)
+        finally:
+            await server.stop()
     return 0
 
 

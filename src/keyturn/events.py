@@ -40,6 +40,28 @@ class Observer(Protocol):
         """A rotation step: started, adopted, created, verified, published, retired, failed,
         verification_failed, awaiting_manual."""
 
+    def restored(
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int,
+    ) -> None:
+        """What the journal says about a credential, read at the start of a run (after a
+        restart, or from another instance's work)."""
+
+    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
+        """When the current key or client secret is next due for rotation."""
+
+    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
+        """A rotation took `seconds` from its start to its new key being in use."""
+
+    def probe(self, credential: str, provider: str, status: int) -> None:
+        """A probe of a credential issued just now answered with HTTP `status`."""
+
 
 class LoggingObserver:
     """Structured log lines for each event (secrets never reach here)."""
@@ -106,6 +128,27 @@ class LoggingObserver:
             "rotation." + result, credential=credential, provider=provider, kind=kind
         )
 
+    def probe(self, credential: str, provider: str, status: int) -> None:
+        self._log.debug("credential.probe", credential=credential, provider=provider, status=status)
+
+    def restored(
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int,
+    ) -> None:
+        return None
+
+    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
+        return None
+
+    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
+        return None
+
 
 class Observers:
     """Fans every event out to several observers; one failing observer does not stop others."""
@@ -151,3 +194,26 @@ class Observers:
 
     def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
         self._each("rotation", credential, provider, kind, result)
+
+    def probe(self, credential: str, provider: str, status: int) -> None:
+        self._each("probe", credential, provider, status)
+
+    def restored(
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int,
+    ) -> None:
+        self._each(
+            "restored", credential, provider, kind, issued_at, expires_at, last_success, failures
+        )
+
+    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
+        self._each("rotation_planned", credential, provider, kind, at)
+
+    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
+        self._each("rotation_duration", provider, kind, seconds)

@@ -132,6 +132,15 @@ class CredentialJob:
             self._unreadable_failures += 1
             return self._failure_outcome(CredentialState(), error, self._unreadable_failures)
         self._unreadable_failures = 0
+        self._observer.restored(
+            self.name,
+            self.provider,
+            self.kind,
+            state.issued_at,
+            state.expires_at,
+            state.last_success,
+            state.consecutive_failures,
+        )
         now = self._clock.time()
         dues = [await t.due(state, now, t.name in forced) for t in self.tasks]
         if not any(due <= now for due in dues):

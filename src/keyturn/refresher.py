@@ -18,6 +18,7 @@ by one instance (promise 2).
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ async def verify_with_probe(
 ) -> None:
     """Call `probe` with a credential issued just now; only a 2xx lets it be published."""
     status = await client.probe(credential, probe, authorization)
+    observer.probe(credential, provider, status)
     if status in (401, 403):
         observer.suspicious(
             credential,
@@ -168,7 +170,8 @@ class TokenRefresh:
         lifetime = (
             token.expires_in if token.expires_in is not None else self.target.default_lifetime
         )
-        issued_at, expires_at = requested_at, requested_at + lifetime
+        # Apps read expires_at in whole seconds (rounded down): plan from that same instant.
+        issued_at, expires_at = requested_at, float(math.floor(requested_at + lifetime))
         self._check_drift(state, token, lifetime)
         if token.refresh_token is not None:
             state = state.with_(refresh_token=token.refresh_token)

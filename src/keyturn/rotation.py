@@ -107,7 +107,9 @@ class KeyRotation:
         if phase == "idle":
             if force or state.key_created_at is None:
                 return now
-            return state.key_created_at + self.settings.max_age
+            planned = state.key_created_at + self.settings.max_age
+            self._observer.rotation_planned(self.credential, self.provider, self.kind, planned)
+            return planned
         if phase == "retiring":
             return max(state.previous_retire_at or now, retry)
         return max(now, retry) if not force else now
@@ -258,10 +260,24 @@ class KeyRotation:
                 rotation_failures=0,
                 rotation_error=None,
                 rotation_retry_at=None,
-                **({"phase": "ok", "last_success": now} if self.kind == "api_key" else {}),
+                **(
+                    {
+                        "phase": "ok",
+                        "last_success": now,
+                        "issued_at": now,
+                        "expires_at": now + self.settings.max_age,  # rotate_after
+                    }
+                    if self.kind == "api_key"
+                    else {}
+                ),
             )
         )
         self._observer.rotation(self.credential, self.provider, self.kind, "published")
+        if state.rotation_started is not None:
+            self._observer.rotation_duration(self.provider, self.kind, now - state.rotation_started)
+        self._observer.rotation_planned(
+            self.credential, self.provider, self.kind, now + self.settings.max_age
+        )
         await self._pause("retiring")
 
     async def _retire(self, journal: Journal) -> None:

@@ -18,6 +18,7 @@ from keyturn.errors import ConfigError, SecretReferenceError
 from keyturn.events import LoggingObserver, Observer, Observers
 from keyturn.job import CredentialJob, Task
 from keyturn.kinds import api_key_job, client_secret_rotation
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.references import ReferenceResolver
 from keyturn.refresher import OAuthRefresher, OAuthTarget
@@ -26,6 +27,7 @@ from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
+from keyturn.vault.client import OnOperation
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
 
@@ -223,6 +225,7 @@ class Runtime:
     context: Context
     current: JobSet
     scheduler: CredentialScheduler | None = None
+    metrics: PrometheusObserver | None = None
 
     @property
     def config(self) -> Config:
@@ -255,11 +258,14 @@ async def open_runtime(
     instance_id: str | None = None,
     observers: list[Observer] | None = None,
     rng: random.Random | None = None,
+    on_vault_operation: OnOperation | None = None,
 ) -> AsyncIterator[Runtime]:
     """Log in to Vault and build the jobs; everything is closed on exit."""
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
-    store = await open_vault_store(config, clock=clock, environ=environ)
+    store = await open_vault_store(
+        config, clock=clock, environ=environ, on_operation=on_vault_operation
+    )
     context = Context(
         store=store,
         observers=Observers(LoggingObserver(), *(observers or [])),

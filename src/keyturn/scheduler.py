@@ -54,6 +54,7 @@ class CredentialScheduler:
         clock: Clock,
         max_concurrency: int = 64,
         lateness_samples: int = 100_000,
+        on_lateness: Callable[[float], None] | None = None,
     ) -> None:
         self._jobs = {job.name: job for job in jobs}
         self._status = {name: JobStatus() for name in self._jobs}
@@ -64,6 +65,7 @@ class CredentialScheduler:
         self._log = get_logger("keyturn.scheduler")
         # Seconds each scheduled run started after its planned time (for benchmarks/metrics).
         self.lateness: deque[float] = deque(maxlen=lateness_samples)
+        self._on_lateness = on_lateness
         self._scheduler = AsyncIOScheduler(
             timezone=UTC,
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
@@ -163,7 +165,10 @@ class CredentialScheduler:
     async def _run(self, name: str, planned: float, *, force: bool | Collection[str]) -> Outcome:
         status = self._status[name]
         async with status.lock, self._slots:
-            self.lateness.append(max(0.0, self._clock.time() - planned))
+            late = max(0.0, self._clock.time() - planned)
+            self.lateness.append(late)
+            if self._on_lateness is not None:
+                self._on_lateness(late)
             status.running = True
             job = self._jobs.get(name)
             try:

@@ -191,7 +191,10 @@ class SandboxProcess:
             args += ["--config", str(config_path)]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + timeout

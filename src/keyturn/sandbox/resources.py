@@ -18,21 +18,51 @@ from keyturn.sandbox.model import BearerRejected
 from keyturn.sandbox.wire import bearer_challenge, bearer_value, json_response
 
 USERS: Sequence[dict[str, Any]] = (
-    {"id": "usr_01", "name": "Ada Lovelace", "email": "ada@example.com", "role": "admin",
-     "created_at": "2024-01-15T09:30:00Z"},
-    {"id": "usr_02", "name": "Grace Hopper", "email": "grace@example.com", "role": "member",
-     "created_at": "2024-02-03T14:05:00Z"},
-    {"id": "usr_03", "name": "Alan Turing", "email": "alan@example.com", "role": "member",
-     "created_at": "2024-03-21T11:45:00Z"},
+    {
+        "id": "usr_01",
+        "name": "Ada Lovelace",
+        "email": "ada@example.com",
+        "role": "admin",
+        "created_at": "2024-01-15T09:30:00Z",
+    },
+    {
+        "id": "usr_02",
+        "name": "Grace Hopper",
+        "email": "grace@example.com",
+        "role": "member",
+        "created_at": "2024-02-03T14:05:00Z",
+    },
+    {
+        "id": "usr_03",
+        "name": "Alan Turing",
+        "email": "alan@example.com",
+        "role": "member",
+        "created_at": "2024-03-21T11:45:00Z",
+    },
 )
 
 PROJECTS: Sequence[dict[str, Any]] = (
-    {"id": "prj_01", "name": "analytical-engine", "owner_id": "usr_01", "status": "active",
-     "created_at": "2024-01-16T08:00:00Z"},
-    {"id": "prj_02", "name": "compiler", "owner_id": "usr_02", "status": "active",
-     "created_at": "2024-02-10T16:20:00Z"},
-    {"id": "prj_03", "name": "enigma-notes", "owner_id": "usr_03", "status": "archived",
-     "created_at": "2024-04-02T10:10:00Z"},
+    {
+        "id": "prj_01",
+        "name": "analytical-engine",
+        "owner_id": "usr_01",
+        "status": "active",
+        "created_at": "2024-01-16T08:00:00Z",
+    },
+    {
+        "id": "prj_02",
+        "name": "compiler",
+        "owner_id": "usr_02",
+        "status": "active",
+        "created_at": "2024-02-10T16:20:00Z",
+    },
+    {
+        "id": "prj_03",
+        "name": "enigma-notes",
+        "owner_id": "usr_03",
+        "status": "archived",
+        "created_at": "2024-04-02T10:10:00Z",
+    },
 )
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
@@ -60,9 +90,7 @@ def listing(records: Sequence[dict[str, Any]], scope: str) -> Handler:
         except BearerRejected as rejection:
             request["auth_error"] = rejection.error or "missing"
             return _rejected(rejection)
-        request["key_id" if principal.kind == "api_key" else "client_id"] = (
-            principal.credential_id
-        )
+        request["key_id" if principal.kind == "api_key" else "client_id"] = principal.credential_id
         if not principal.allows(scope):
             request["auth_error"] = "insufficient_scope"
             denied = BearerRejected(

@@ -180,12 +180,18 @@ class TokenKeeper:
             return True
 
     async def _lookup_self(self) -> None:
-        await self._client.request("GET", _LOOKUP, operation="token lookup", path=None)
+        await self._client.request(
+            "GET", _LOOKUP, kind="lookup", operation="token lookup", path=None
+        )
 
     async def _renew(self) -> None:
         try:
             body = await self._client.request(
-                "POST", api_url("auth/token/renew-self"), operation="token renewal", path=None
+                "POST",
+                api_url("auth/token/renew-self"),
+                kind="renew",
+                operation="token renewal",
+                path=None,
             )
         except VaultError as exc:
             if exc.retryable and not isinstance(exc, VaultAuthError):
@@ -252,8 +258,15 @@ class TokenKeeper:
         if auth.method in ("token", "token_file"):
             token = auth.token if auth.method == "token" else await self._read(auth.token_path)
             assert token is not None
+            # A static token's "login" is a look-up of that token: counted as a login.
             body = await self._client.request(
-                "GET", _LOOKUP, operation="token lookup", path=None, auth=True, token=token
+                "GET",
+                _LOOKUP,
+                kind="login",
+                operation="token lookup",
+                path=None,
+                auth=True,
+                token=token,
             )
             data = _section(body, "data")
             ttl, renewable = _number(data, "ttl"), bool(data.get("renewable"))
@@ -270,7 +283,7 @@ class TokenKeeper:
             payload = {"role": auth.role or "", "jwt": jwt.reveal()}
         url, operation = api_url("auth", auth.mount_point, "login"), f"{auth.method} login"
         body = await self._client.request(
-            "POST", url, operation=operation, path=None, json=payload, auth=True
+            "POST", url, kind="login", operation=operation, path=None, json=payload, auth=True
         )
         section = _section(body, "auth")
         token = section.get("client_token")

@@ -5,6 +5,12 @@ whose size is the Vault concurrency; the requests pool holds as many connections
 waits for a socket and no more than `max_workers` requests are ever in flight. Everything hvac
 or requests raises is translated here, once, into keyturn's `VaultError` tree with
 `raise ... from exc`; messages name the operation and path, never a value.
+
+Every call also reports itself to an optional `on_operation(operation, result, seconds)`
+callback (metrics): `operation` is one of `VAULT_OPERATIONS`, `result` one of `VAULT_RESULTS`
+(see `operation_result`). A read of a missing path counts as `not_found`, not as an error:
+it is how keyturn learns that a record does not exist yet, so dashboards should not treat it
+as a failure.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 from urllib.parse import quote
 
 import hvac  # no stubs: hvac stays behind this module
@@ -23,6 +29,7 @@ import hvac.exceptions as hvac_errors
 import requests
 from requests.adapters import HTTPAdapter
 
+from keyturn.clock import Clock, SystemClock
 from keyturn.errors import (
     VaultAuthError,
     VaultCasConflict,
@@ -31,10 +38,45 @@ from keyturn.errors import (
     VaultPermissionDenied,
     VaultUnavailable,
 )
+from keyturn.logs import get_logger
 from keyturn.secret import Secret
 from keyturn.vault.store import validate_path
 
 T = TypeVar("T")
+
+VaultOperation = Literal[
+    "read",
+    "write",
+    "read_metadata",
+    "delete",
+    "read_field",
+    "capabilities",
+    "login",
+    "renew",
+    "lookup",
+]
+VaultResult = Literal[
+    "success",
+    "cas_conflict",
+    "permission_denied",
+    "unavailable",
+    "auth_error",
+    "not_found",
+    "error",
+]
+VAULT_OPERATIONS: tuple[str, ...] = get_args(VaultOperation)
+VAULT_RESULTS: tuple[str, ...] = get_args(VaultResult)
+
+# Called after every Vault call with (operation, result, seconds); must not raise.
+OnOperation = Callable[[str, str, float], None]
+
+
+def _ignore(operation: str, result: str, seconds: float) -> None:
+    """The default `on_operation`: nothing is measured."""
+
+
+_MISSING = object()  # a 404 the caller said was fine (`missing_ok`)
+log = get_logger("keyturn.vault")
 
 _STATUS: dict[type[Exception], int] = {
     hvac_errors.InvalidRequest: 400,
@@ -119,13 +161,43 @@ def translate(
     return VaultDataError(f"{where}, request rejected", path=path)
 
 
-class VaultClient:
-    """hvac behind a bounded thread pool; the token is held by `TokenKeeper`, not here."""
+def operation_result(error: BaseException) -> VaultResult:
+    """The `result` word for a failed Vault call (`error` as raised by `VaultClient.run`)."""
+    if isinstance(error, VaultCasConflict):
+        return "cas_conflict"
+    if isinstance(error, VaultPermissionDenied):
+        return "permission_denied"
+    if isinstance(error, VaultUnavailable):
+        return "unavailable"
+    if isinstance(error, VaultAuthError):
+        return "auth_error"
+    if isinstance(error, VaultDataError) and isinstance(error.__cause__, hvac_errors.InvalidPath):
+        return "not_found"
+    return "error"
 
-    def __init__(self, connection: VaultConnection) -> None:
+
+class VaultClient:
+    """hvac behind a bounded thread pool; the token is held by `TokenKeeper`, not here.
+
+    `adapter` replaces the HTTP transport (a `requests` adapter), for tests that must not open
+    sockets; `clock` times each call for `on_operation`.
+    """
+
+    def __init__(
+        self,
+        connection: VaultConnection,
+        *,
+        clock: Clock | None = None,
+        on_operation: OnOperation | None = None,
+        adapter: requests.adapters.BaseAdapter | None = None,
+    ) -> None:
         self.connection = connection
+        self.on_operation: OnOperation = on_operation or _ignore
+        self._clock: Clock = clock or SystemClock()
         self._session = requests.Session()
-        pool = HTTPAdapter(pool_connections=2, pool_maxsize=connection.max_workers, max_retries=0)
+        pool = adapter or HTTPAdapter(
+            pool_connections=2, pool_maxsize=connection.max_workers, max_retries=0
+        )
         self._session.mount("http://", pool)
         self._session.mount("https://", pool)
         verify: bool | str = str(connection.ca_cert) if connection.ca_cert else True
@@ -156,6 +228,7 @@ class VaultClient:
         method: str,
         url: str,
         *,
+        kind: VaultOperation,
         operation: str,
         path: str | None,
         json: Mapping[str, Any] | None = None,
@@ -165,23 +238,38 @@ class VaultClient:
     ) -> dict[str, Any] | None:
         """One HTTP call; the JSON body, or None for 204 (or for 404 when `missing_ok`).
 
-        `auth` and `token` route the call through the token-less adapter: logins send no
-        token, look-ups of a candidate token send that one instead of the current one.
+        `kind` is the call's word for metrics (`on_operation`); `operation` describes it in
+        error messages. `auth` and `token` route the call through the token-less adapter:
+        logins send no token, look-ups of a candidate token send that one instead of the
+        current one.
         """
         adapter = self._plain if (auth or token is not None) else self._hvac.adapter
         headers = {"X-Vault-Token": token.reveal()} if token is not None else None
         body = dict(json) if json is not None else None
 
-        def call() -> dict[str, Any] | None:
+        def call() -> object:
             try:
                 response = adapter.request(method, url, headers=headers, json=body)
             except hvac_errors.InvalidPath:
                 if missing_ok:
-                    return None
+                    return _MISSING
                 raise
             return response if isinstance(response, dict) else None
 
-        return await self.run(call, operation=operation, path=path, auth=auth)
+        started = self._clock.monotonic()
+        try:
+            answer = await self.run(call, operation=operation, path=path, auth=auth)
+        except Exception as exc:
+            self._report(kind, operation_result(exc), started)
+            raise
+        self._report(kind, "not_found" if answer is _MISSING else "success", started)
+        return answer if isinstance(answer, dict) else None
+
+    def _report(self, kind: VaultOperation, result: VaultResult, started: float) -> None:
+        try:
+            self.on_operation(kind, result, self._clock.monotonic() - started)
+        except Exception as exc:  # a metrics bug must never fail a Vault call
+            log.error("vault.on_operation_failed", error=repr(exc))
 
     async def run(
         self, fn: Callable[[], T], *, operation: str, path: str | None, auth: bool = False

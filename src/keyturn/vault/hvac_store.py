@@ -18,7 +18,13 @@ from keyturn.clock import Clock
 from keyturn.errors import SecretReferenceError, VaultDataError, VaultPermissionDenied
 from keyturn.secret import Secret
 from keyturn.vault.auth import TokenKeeper, VaultAuth
-from keyturn.vault.client import VaultClient, VaultConnection, api_url
+from keyturn.vault.client import (
+    OnOperation,
+    VaultClient,
+    VaultConnection,
+    VaultOperation,
+    api_url,
+)
 from keyturn.vault.store import (
     KvEntry,
     KvMetadata,
@@ -41,10 +47,13 @@ class VaultStore:
         *,
         clock: Clock,
         rng: random.Random | None = None,
+        on_operation: OnOperation | None = None,
     ) -> None:
+        """`on_operation(operation, result, seconds)` is told about every Vault call, logins,
+        renewals and look-ups included (see `keyturn.vault.client`)."""
         self.connection = connection
         self._auth_method = auth.method
-        self._client = VaultClient(connection)
+        self._client = VaultClient(connection, clock=clock, on_operation=on_operation)
         self.keeper = TokenKeeper(
             self._client, auth, clock=clock, renew_margin=connection.renew_margin, rng=rng
         )
@@ -72,7 +81,7 @@ class VaultStore:
 
     async def read(self, path: str) -> KvEntry | None:
         validate_path(path)
-        body = await self._call("GET", self.mount, "data", path, operation="read")
+        body = await self._call("GET", self.mount, "data", path, kind="read", operation="read")
         data = _dict(body.get("data") if body else None)
         if data is None or data.get("data") is None:
             return None
@@ -94,7 +103,13 @@ class VaultStore:
         if cas is not None:
             payload["options"]["cas"] = cas
         body = await self._call(
-            "POST", self.mount, "data", path, operation=f"write (cas={cas})", json=payload
+            "POST",
+            self.mount,
+            "data",
+            path,
+            kind="write",
+            operation=f"write (cas={cas})",
+            json=payload,
         )
         version = (_dict(body.get("data")) or {}).get("version") if body else None
         if isinstance(version, bool) or not isinstance(version, int):
@@ -102,25 +117,37 @@ class VaultStore:
         if custom_metadata is not None:
             metadata = {"custom_metadata": _str_map(path, custom_metadata)}
             await self._call(
-                "POST", self.mount, "metadata", path, operation="write metadata", json=metadata
+                "POST",
+                self.mount,
+                "metadata",
+                path,
+                kind="write",
+                operation="write metadata",
+                json=metadata,
             )
         return version
 
     async def read_metadata(self, path: str) -> KvMetadata | None:
         validate_path(path)
-        body = await self._call("GET", self.mount, "metadata", path, operation="read metadata")
+        body = await self._call(
+            "GET", self.mount, "metadata", path, kind="read_metadata", operation="read metadata"
+        )
         data = _dict(body.get("data") if body else None)
         return _metadata(path, data) if data is not None else None
 
     async def delete_all(self, path: str) -> None:
         validate_path(path)
-        await self._call("DELETE", self.mount, "metadata", path, operation="delete all versions")
+        await self._call(
+            "DELETE", self.mount, "metadata", path, kind="delete", operation="delete all versions"
+        )
 
     async def read_field(self, mount: str, path: str, field: str) -> Secret:
         validate_path(mount, what="mount")
         validate_path(path)
         reference = f"vault:{mount}/{path}#{field}"
-        body = await self._call("GET", mount, "data", path, operation="read field")
+        body = await self._call(
+            "GET", mount, "data", path, kind="read_field", operation="read field"
+        )
         data = _dict(body.get("data") if body else None)
         values = _dict(data.get("data")) if data else None
         if values is None:
@@ -139,6 +166,7 @@ class VaultStore:
         body = await self._call_url(
             "POST",
             api_url("sys/capabilities-self"),
+            kind="capabilities",
             operation="capabilities",
             path=None,
             json={"paths": wanted},
@@ -163,15 +191,17 @@ class VaultStore:
         self,
         method: str,
         mount: str,
-        kind: str,
+        section: str,
         path: str,
         *,
+        kind: VaultOperation,
         operation: str,
         json: Mapping[str, Any] | None = None,
     ) -> dict[str, Any] | None:
         return await self._call_url(
             method,
-            api_url(mount, kind, path),
+            api_url(mount, section, path),
+            kind=kind,
             operation=operation,
             path=f"{mount}/{path}",
             json=json,
@@ -183,6 +213,7 @@ class VaultStore:
         method: str,
         url: str,
         *,
+        kind: VaultOperation,
         operation: str,
         path: str | None,
         json: Mapping[str, Any] | None = None,
@@ -191,13 +222,24 @@ class VaultStore:
         """One data call; on a 403 caused by a dead token: one re-login, one retry."""
         await self.keeper.ensure_login()
         generation = self.keeper.generation
-        options: dict[str, Any] = {"operation": operation, "path": path, "json": json}
+
+        async def call() -> dict[str, Any] | None:
+            return await self._client.request(
+                method,
+                url,
+                kind=kind,
+                operation=operation,
+                path=path,
+                json=json,
+                missing_ok=missing_ok,
+            )
+
         try:
-            return await self._client.request(method, url, missing_ok=missing_ok, **options)
+            return await call()
         except VaultPermissionDenied:
             if not await self.keeper.token_rejected(generation):
                 raise
-        return await self._client.request(method, url, missing_ok=missing_ok, **options)
+        return await call()
 
 
 def parse_time(text: object, *, path: str, what: str) -> float:

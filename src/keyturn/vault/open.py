@@ -11,15 +11,16 @@ from keyturn.errors import SecretReferenceError
 from keyturn.references import SecretRef, resolve_local
 from keyturn.secret import Secret
 from keyturn.vault.auth import VaultAuth
-from keyturn.vault.client import VaultConnection
+from keyturn.vault.client import OnOperation, VaultConnection
 from keyturn.vault.hvac_store import VaultStore
 
 
 def _local(ref: SecretRef, environ: Mapping[str, str], what: str) -> Secret:
     """Vault's own login secrets cannot come from Vault: only env: and file: references."""
     if ref.scheme == "vault":
-        raise SecretReferenceError(f"vault.auth.{what}: {ref} needs Vault to log in to Vault; "
-                                   "use env: or file:")
+        raise SecretReferenceError(
+            f"vault.auth.{what}: {ref} needs Vault to log in to Vault; use env: or file:"
+        )
     return resolve_local(ref, environ)
 
 
@@ -44,7 +45,11 @@ def vault_auth(config: Config, environ: Mapping[str, str]) -> VaultAuth:
 
 
 async def open_vault_store(
-    config: Config, *, clock: Clock, environ: Mapping[str, str] | None = None
+    config: Config,
+    *,
+    clock: Clock,
+    environ: Mapping[str, str] | None = None,
+    on_operation: OnOperation | None = None,
 ) -> VaultStore:
     """A store logged in to Vault; raises a VaultError (or SecretReferenceError) if it cannot."""
     vault = config.vault
@@ -58,7 +63,10 @@ async def open_vault_store(
         renew_margin=vault.renew_margin,
     )
     store = VaultStore(
-        connection, vault_auth(config, os.environ if environ is None else environ), clock=clock
+        connection,
+        vault_auth(config, os.environ if environ is None else environ),
+        clock=clock,
+        on_operation=on_operation,
     )
     try:
         await store.keeper.login()

@@ -1,0 +1,20 @@
+"""What keyturn tells the outside world about itself: Prometheus metrics and health endpoints.
+
+catalog.py ... the metrics contract as data (names, types, labels, help, bounded words),
+               mirrored verbatim from docs/metrics.md
+metrics.py ... `PrometheusObserver`: an `Observer` that keeps every metric in a registry
+health.py .... liveness from the scheduler heartbeat, readiness from Vault and credentials
+server.py .... `MetricsServer`: aiohttp serving /metrics, /healthz and /readyz
+"""
+
+from keyturn.observability.health import HeartbeatLiveness, readiness_check
+from keyturn.observability.metrics import CredentialMetrics, PrometheusObserver
+from keyturn.observability.server import MetricsServer
+
+__all__ = [
+    "CredentialMetrics",
+    "HeartbeatLiveness",
+    "MetricsServer",
+    "PrometheusObserver",
+    "readiness_check",
+]

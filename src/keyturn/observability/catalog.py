@@ -1,0 +1,228 @@
+"""The metrics contract as data: every name, type, label set and help text of docs/metrics.md.
+
+Help texts are the doc's "meaning" cells verbatim, so `tests/unit/test_metrics_contract.py` can
+compare what the registry exposes with the tables and the two cannot drift apart. The bounded
+sets of label words live here too: a word outside its set is exposed as `other`, so a caller's
+bug can never turn a label into an unbounded (or secret) value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from keyturn.providers.tokens import KNOWN_OAUTH_ERRORS
+from keyturn.vault.client import VAULT_OPERATIONS, VAULT_RESULTS
+
+MetricType = Literal["gauge", "counter", "histogram"]
+CREDENTIAL_LABELS = ("credential", "provider", "kind")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # as exposed; counters end in _total
+    type: MetricType
+    labels: tuple[str, ...]
+    help: str
+    buckets: tuple[float, ...] = ()
+
+
+def _gauge(name: str, help_text: str, labels: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(name, "gauge", labels, help_text)
+
+
+def _counter(name: str, labels: tuple[str, ...], help_text: str) -> MetricSpec:
+    return MetricSpec(name, "counter", labels, help_text)
+
+
+# -- per credential (labels credential, provider, kind) ------------------------------------------
+EXPIRY = _gauge(
+    "keyturn_credential_expiry_timestamp_seconds",
+    "when the published access token expires (OAuth) or the key is due for rotation (API key)",
+    CREDENTIAL_LABELS,
+)
+ISSUED = _gauge(
+    "keyturn_credential_issued_timestamp_seconds",
+    "when the published value was issued",
+    CREDENTIAL_LABELS,
+)
+NEXT_SCHEDULED = _gauge(
+    "keyturn_credential_next_scheduled_timestamp_seconds",
+    "when keyturn next runs this credential's job",
+    CREDENTIAL_LABELS,
+)
+LAST_SUCCESS = _gauge(
+    "keyturn_credential_last_success_timestamp_seconds",
+    "the last successful refresh or rotation",
+    CREDENTIAL_LABELS,
+)
+READY = _gauge(
+    "keyturn_credential_ready", "1 while apps can read a valid value, else 0", CREDENTIAL_LABELS
+)
+FAILURES = _gauge(
+    "keyturn_credential_consecutive_failures",
+    "failed runs since the last success",
+    CREDENTIAL_LABELS,
+)
+ROTATE_AFTER = _gauge(
+    "keyturn_credential_rotate_after_timestamp_seconds",
+    "when the current key or client secret is due for rotation (only with `rotation`)",
+    CREDENTIAL_LABELS,
+)
+
+# -- counters --------------------------------------------------------------------------------------
+TOKEN_REQUESTS = _counter(
+    "keyturn_token_requests_total",
+    ("credential", "provider", "grant_type", "outcome"),
+    "token endpoint calls; `outcome` is `success`, an RFC 6749 error code (`invalid_grant`, "
+    "`invalid_client`, …, or `other`), `http_5xx`, `network`, `rate_limited` or `malformed`",
+)
+PROBE_REQUESTS = _counter(
+    "keyturn_probe_requests_total",
+    ("credential", "provider", "result"),
+    "probes of new credentials: `success`, `unauthorized` (401), `forbidden` (403), `other`",
+)
+ROTATIONS = _counter(
+    "keyturn_rotations_total",
+    ("credential", "provider", "kind", "result"),
+    "rotation steps: `started`, `adopted`, `created`, `verified`, `published`, `retired`, "
+    "`failed`, `verification_failed`, `awaiting_manual`",
+)
+VAULT_OPERATIONS_TOTAL = _counter(
+    "keyturn_vault_operations_total",
+    ("operation", "result"),
+    "Vault calls: `operation` is `read`, `write`, `read_metadata`, `delete`, `read_field`, "
+    "`capabilities`, `login`, `renew`, `lookup`; `result` is `success`, `cas_conflict`, "
+    "`permission_denied`, `unavailable`, `auth_error`, `not_found`, `error`",
+)
+SUSPICIOUS = _counter(
+    "keyturn_suspicious_events_total",
+    ("credential", "provider", "detector", "severity"),
+    "see the detectors below",
+)
+ALERT_DELIVERIES = _counter(
+    "keyturn_alert_deliveries_total",
+    ("hook", "result"),
+    "`success`, `failed`, `dropped` (rate-limited or queue full)",
+)
+
+# -- histograms ------------------------------------------------------------------------------------
+TOKEN_REQUEST_DURATION = MetricSpec(
+    "keyturn_token_request_duration_seconds",
+    "histogram",
+    ("provider", "grant_type"),
+    "token endpoint latency",
+    (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+VAULT_OPERATION_DURATION = MetricSpec(
+    "keyturn_vault_operation_duration_seconds",
+    "histogram",
+    ("operation",),
+    "Vault latency",
+    (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+ROTATION_DURATION = MetricSpec(
+    "keyturn_rotation_duration_seconds",
+    "histogram",
+    ("provider", "kind"),
+    "from a rotation's start to its new key being published",
+    # a verified http/exec rotation takes seconds; a manual one waits for a person (hours)
+    (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0),
+)
+SCHEDULE_LATENESS = MetricSpec(
+    "keyturn_schedule_lateness_seconds",
+    "histogram",
+    (),
+    "how late each job ran against its planned time",
+    (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0),
+)
+
+# -- process ---------------------------------------------------------------------------------------
+BUILD_INFO = _gauge("keyturn_build_info", "labels `version`, `python`", ("version", "python"))
+VAULT_TOKEN_EXPIRY = _gauge(
+    "keyturn_vault_token_expiry_timestamp_seconds",
+    "when keyturn's own Vault token expires (absent for tokens that never expire)",
+)
+VAULT_AUTHENTICATED = _gauge(
+    "keyturn_vault_authenticated", "1 while keyturn holds a working Vault token, else 0"
+)
+HEARTBEAT = _gauge(
+    "keyturn_scheduler_heartbeat_timestamp_seconds",
+    "updated every few seconds by the event loop; stale means the loop is stalled",
+)
+CREDENTIALS = _gauge("keyturn_credentials", "credentials configured")
+
+ALL: tuple[MetricSpec, ...] = (
+    EXPIRY,
+    ISSUED,
+    NEXT_SCHEDULED,
+    LAST_SUCCESS,
+    READY,
+    FAILURES,
+    ROTATE_AFTER,
+    TOKEN_REQUESTS,
+    PROBE_REQUESTS,
+    ROTATIONS,
+    VAULT_OPERATIONS_TOTAL,
+    SUSPICIOUS,
+    ALERT_DELIVERIES,
+    TOKEN_REQUEST_DURATION,
+    VAULT_OPERATION_DURATION,
+    ROTATION_DURATION,
+    SCHEDULE_LATENESS,
+    BUILD_INFO,
+    VAULT_TOKEN_EXPIRY,
+    VAULT_AUTHENTICATED,
+    HEARTBEAT,
+    CREDENTIALS,
+)
+
+# -- bounded label words ---------------------------------------------------------------------------
+OTHER = "other"
+TOKEN_OUTCOMES = frozenset(
+    {"success", OTHER, "http_5xx", "network", "rate_limited", "malformed", *KNOWN_OAUTH_ERRORS}
+)
+GRANT_TYPES = frozenset({"client_credentials", "refresh_token"})
+KINDS = frozenset({"oauth_client", "api_key"})
+PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", OTHER})
+ROTATION_RESULTS = frozenset(
+    {
+        "started",
+        "adopted",
+        "created",
+        "verified",
+        "published",
+        "retired",
+        "failed",
+        "verification_failed",
+        "awaiting_manual",
+    }
+)
+OPERATIONS = frozenset(VAULT_OPERATIONS)
+OPERATION_RESULTS = frozenset(VAULT_RESULTS)
+DETECTORS = frozenset(
+    {
+        "published_secret_changed",
+        "refresh_token_rejected",
+        "client_rejected",
+        "fresh_credential_rejected",
+        "grant_drift",
+        "vault_token_expiring",
+        "alert_hook_failing",
+        "loop_stalled",
+    }
+)
+SEVERITIES = frozenset({"info", "warning", "critical"})
+ALERT_RESULTS = frozenset({"success", "failed", "dropped"})
+
+
+def bounded(word: str, allowed: frozenset[str]) -> str:
+    """`word` if it is one of `allowed`, else `other`."""
+    return word if word in allowed else OTHER
+
+
+def probe_result(status: int) -> str:
+    """The `result` word of a probe's HTTP status."""
+    if 200 <= status < 300:
+        return "success"
+    return {401: "unauthorized", 403: "forbidden"}.get(status, OTHER)

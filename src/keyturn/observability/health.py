@@ -1,0 +1,85 @@
+"""Liveness and readiness, as the two callables `MetricsServer` asks.
+
+Liveness (`/healthz`) is about the process: the scheduler loop still runs, as proven by its
+heartbeat. A restart can help a stalled loop, so a failing liveness probe is worth a restart.
+
+Readiness (`/readyz`) is about the service keyturn provides: Vault answers and accepts
+keyturn's token, and every configured credential has a valid value published. Restarting
+cannot fix an unreachable Vault or a provider outage, so readiness never feeds a liveness
+probe. Problems are short lines naming Vault or a credential, never a value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+from keyturn.clock import Clock
+from keyturn.errors import KeyturnError
+from keyturn.observability.metrics import PrometheusObserver
+
+Alive = Callable[[], tuple[bool, str]]
+Ready = Callable[[], Awaitable[tuple[bool, list[str]]]]
+MAX_PROBLEMS = 20  # a readiness answer stays short even with 10,000 credentials down
+
+
+class HeartbeatLiveness:
+    """Alive while the last heartbeat is at most `max_age` seconds old.
+
+    Before the first heartbeat the process counts as starting, and is alive for `max_age`
+    seconds from construction: a loop that never beats at all is stalled too.
+    """
+
+    def __init__(
+        self, last_beat: Callable[[], float | None], *, clock: Clock, max_age: float
+    ) -> None:
+        if max_age <= 0:
+            raise ValueError("max_age must be positive")
+        self._last_beat = last_beat
+        self._clock = clock
+        self._max_age = max_age
+        self._started = clock.time()
+
+    def __call__(self) -> tuple[bool, str]:
+        now = self._clock.time()
+        beat = self._last_beat()
+        limit = f"limit {self._max_age:g} s"
+        if beat is None:
+            waited = now - self._started
+            if waited <= self._max_age:
+                return True, "starting: no heartbeat yet"
+            return False, f"no scheduler heartbeat since start {waited:.0f} s ago ({limit})"
+        age = now - beat
+        if age <= self._max_age:
+            return True, f"scheduler heartbeat {age:.1f} s ago"
+        return False, f"scheduler loop stalled: last heartbeat {age:.0f} s ago ({limit})"
+
+
+def readiness_check(
+    *,
+    vault: Callable[[], Awaitable[None]],
+    observer: PrometheusObserver,
+    credentials: Callable[[], Iterable[str]],
+) -> Ready:
+    """A `ready()` for `MetricsServer`: `vault()` must return (e.g. `VaultStore.health`, a
+    token look-up), and each name from `credentials()` must have an unexpired value published
+    (as the observer saw it)."""
+
+    async def ready() -> tuple[bool, list[str]]:
+        problems: list[str] = []
+        try:
+            await vault()
+        except KeyturnError as exc:  # messages name the operation and path, never a value
+            problems.append(f"vault: {exc}")
+        except Exception as exc:  # anything else: its type only, its text is unknown
+            problems.append(f"vault: check failed ({type(exc).__name__})")
+        problems.extend(observer.credential_problems(credentials()))
+        return not problems, shorten(problems)
+
+    return ready
+
+
+def shorten(problems: list[str], limit: int = MAX_PROBLEMS) -> list[str]:
+    """At most `limit` lines; the last one says how many were left out."""
+    if len(problems) <= limit:
+        return problems
+    return [*problems[: limit - 1], f"… and {len(problems) - limit + 1} more"]

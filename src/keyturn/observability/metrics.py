@@ -1,0 +1,325 @@
+"""`PrometheusObserver`: every metric of docs/metrics.md, fed by the `Observer` events.
+
+Counters and histograms are ordinary prometheus_client metrics. Per-credential gauges and the
+Vault token gauges are computed when Prometheus scrapes, from state the observer keeps: so
+`keyturn_credential_ready` drops to 0 the moment a token expires even if nothing else happens,
+a value never seen is absent rather than a misleading 0, and `forget` removes every series of
+a credential at once. The scrape may run on another thread (the HTTP server renders off the
+event loop), so that state is guarded by a lock and copied before it is rendered.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+import keyturn
+from keyturn.clock import Clock, rfc3339
+from keyturn.events import Observer
+from keyturn.observability import catalog as c
+from keyturn.observability.catalog import MetricSpec, bounded
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialMetrics:
+    """What the observer knows about one credential (epoch seconds; None: not known yet)."""
+
+    provider: str
+    kind: str
+    issued_at: float | None = None
+    expires_at: float | None = None
+    next_scheduled: float | None = None
+    last_success: float | None = None
+    failures: int = 0
+    rotate_after: float | None = None
+
+    def ready(self, now: float) -> bool:
+        """An access token is valid until it expires. An API key does not expire by time: once
+        published it works until keyturn retires it, even past its rotation date (an overdue
+        rotation is its own alert)."""
+        if self.kind == "api_key":
+            return self.issued_at is not None
+        return self.expires_at is not None and self.expires_at > now
+
+
+def _family(spec: MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class _StateCollector(Collector):
+    """Renders the observer's per-credential and Vault-token state at scrape time."""
+
+    def __init__(self, observer: PrometheusObserver) -> None:
+        self._observer = observer
+
+    def describe(self) -> Iterable[Metric]:
+        return [_family(spec) for spec in _STATE_SPECS]
+
+    def collect(self) -> Iterable[Metric]:
+        credentials, vault, heartbeat, now = self._observer.snapshot()
+        families = {spec.name: _family(spec) for spec in _STATE_SPECS}
+        for name, m in sorted(credentials.items()):
+            labels = [name, m.provider, m.kind]
+            for spec, value in (
+                (c.EXPIRY, m.expires_at),
+                (c.ISSUED, m.issued_at),
+                (c.NEXT_SCHEDULED, m.next_scheduled),
+                (c.LAST_SUCCESS, m.last_success),
+                (c.READY, float(m.ready(now))),
+                (c.FAILURES, float(m.failures)),
+                (c.ROTATE_AFTER, m.rotate_after),
+            ):
+                if value is not None:
+                    families[spec.name].add_metric(labels, value)
+        expires_at, authenticated = vault
+        if expires_at is not None:
+            families[c.VAULT_TOKEN_EXPIRY.name].add_metric([], expires_at)
+        working = authenticated and (expires_at is None or now < expires_at)
+        families[c.VAULT_AUTHENTICATED.name].add_metric([], float(working))
+        if heartbeat is not None:
+            families[c.HEARTBEAT.name].add_metric([], heartbeat)
+        return list(families.values())
+
+
+_STATE_SPECS = (
+    c.EXPIRY,
+    c.ISSUED,
+    c.NEXT_SCHEDULED,
+    c.LAST_SUCCESS,
+    c.READY,
+    c.FAILURES,
+    c.ROTATE_AFTER,
+    c.VAULT_TOKEN_EXPIRY,
+    c.VAULT_AUTHENTICATED,
+    c.HEARTBEAT,
+)
+
+
+class PrometheusObserver:
+    """An `Observer` (see `keyturn.events`) that keeps every keyturn metric in `registry`.
+
+    Besides the observer events it takes what only the daemon knows: `rotation_planned`,
+    `rotation_duration`, `lateness`, `alert_delivery`, `vault_operation` (the Vault store's
+    `on_operation`), `vault_token`, `heartbeat`, `credentials_configured`, and `restored` for
+    a credential found in good order at start-up. Label words outside their bounded sets are
+    exposed as `other`; nothing here ever receives a secret.
+    """
+
+    def __init__(self, registry: CollectorRegistry, clock: Clock) -> None:
+        # `_created` series would double the series count for nothing Prometheus uses.
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._credentials: dict[str, CredentialMetrics] = {}
+        self._vault_token: tuple[float | None, bool] = (None, False)
+        self._heartbeat: float | None = None
+        # Every (counter, label values) series of each credential, for `forget`.
+        self._series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
+
+        def counter(spec: MetricSpec) -> Counter:
+            return Counter(spec.name, spec.help, spec.labels, registry=registry)
+
+        def histogram(spec: MetricSpec) -> Histogram:
+            return Histogram(
+                spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets
+            )
+
+        self._token_requests = counter(c.TOKEN_REQUESTS)
+        self._probes = counter(c.PROBE_REQUESTS)
+        self._rotations = counter(c.ROTATIONS)
+        self._vault_operations = counter(c.VAULT_OPERATIONS_TOTAL)
+        self._suspicious = counter(c.SUSPICIOUS)
+        self._alert_deliveries = counter(c.ALERT_DELIVERIES)
+        self._token_duration = histogram(c.TOKEN_REQUEST_DURATION)
+        self._vault_duration = histogram(c.VAULT_OPERATION_DURATION)
+        self._rotation_duration = histogram(c.ROTATION_DURATION)
+        self._lateness = histogram(c.SCHEDULE_LATENESS)
+        build = Gauge(c.BUILD_INFO.name, c.BUILD_INFO.help, c.BUILD_INFO.labels, registry=registry)
+        build.labels(keyturn.__version__, platform.python_version()).set(1)
+        self._credentials_configured = Gauge(
+            c.CREDENTIALS.name, c.CREDENTIALS.help, registry=registry
+        )
+        registry.register(_StateCollector(self))
+
+    # -- the Observer protocol ------------------------------------------------------------------
+
+    def token_request(
+        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
+    ) -> None:
+        grant = bounded(grant_type, c.GRANT_TYPES)
+        self._count(
+            credential,
+            self._token_requests,
+            (credential, provider, grant, bounded(outcome, c.TOKEN_OUTCOMES)),
+        )
+        self._token_duration.labels(provider, grant).observe(max(0.0, seconds))
+
+    def published(
+        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
+    ) -> None:
+        """A new value is readable; for an API key `expires_at` is its rotate-after time."""
+        self._update(
+            credential,
+            provider,
+            kind,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            last_success=self._clock.time(),
+            failures=0,
+        )
+
+    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
+        self._update(credential, provider, kind, next_scheduled=due)
+
+    def failed(
+        self, credential: str, provider: str, kind: str, error: Exception, failures: int
+    ) -> None:
+        self._update(credential, provider, kind, failures=max(0, failures))
+
+    def suspicious(
+        self, credential: str, provider: str, detector: str, severity: str, detail: str
+    ) -> None:
+        labels = (
+            credential,
+            provider,
+            bounded(detector, c.DETECTORS),
+            bounded(severity, c.SEVERITIES),
+        )
+        self._count(credential, self._suspicious, labels)
+
+    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
+        labels = (credential, provider, bounded(kind, c.KINDS), bounded(result, c.ROTATION_RESULTS))
+        self._count(credential, self._rotations, labels)
+
+    def probe(self, credential: str, provider: str, status: int) -> None:
+        self._count(credential, self._probes, (credential, provider, c.probe_result(status)))
+
+    # -- what only the daemon knows -------------------------------------------------------------
+
+    def restored(  # noqa: PLR0917 - positional, as `Observers` fans events out
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int = 0,
+    ) -> None:
+        """What a run found in the credential's state record (for an API key, `expires_at` is
+        its rotate-after time). After a restart, or on an instance that did not do the last
+        refresh, nothing is published while values are valid, yet their expiry and readiness
+        must be exposed: this sets them without claiming a success now."""
+        self._update(
+            credential,
+            provider,
+            kind,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            last_success=last_success,
+            failures=max(0, failures),
+        )
+
+    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
+        """The current key or client secret is due for rotation at `at` (None: no rotation)."""
+        self._update(credential, provider, kind, rotate_after=at)
+
+    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
+        """A rotation went from `started` to its new key being published in `seconds`."""
+        self._rotation_duration.labels(provider, bounded(kind, c.KINDS)).observe(max(0.0, seconds))
+
+    def lateness(self, seconds: float) -> None:
+        """A job ran `seconds` after its planned time."""
+        self._lateness.observe(max(0.0, seconds))
+
+    def alert_delivery(self, hook: str, result: str) -> None:
+        self._alert_deliveries.labels(hook, bounded(result, c.ALERT_RESULTS)).inc()
+
+    def vault_operation(self, operation: str, result: str, seconds: float) -> None:
+        """One Vault call; fits `VaultStore(on_operation=...)`."""
+        op = bounded(operation, c.OPERATIONS)
+        self._vault_operations.labels(op, bounded(result, c.OPERATION_RESULTS)).inc()
+        self._vault_duration.labels(op).observe(max(0.0, seconds))
+
+    def vault_token(self, expires_at: float | None, authenticated: bool) -> None:
+        """keyturn's own Vault token: when it expires (None: never) and whether it works.
+        It also counts as not authenticated once `expires_at` has passed."""
+        with self._lock:
+            self._vault_token = (expires_at, authenticated)
+
+    def heartbeat(self) -> None:
+        """The scheduler loop is alive now."""
+        with self._lock:
+            self._heartbeat = self._clock.time()
+
+    @property
+    def last_heartbeat(self) -> float | None:
+        return self._heartbeat
+
+    def credentials_configured(self, count: int) -> None:
+        self._credentials_configured.set(count)
+
+    def forget(self, credential: str) -> None:
+        """Drop every series of a credential that is no longer configured."""
+        with self._lock:
+            self._credentials.pop(credential, None)
+            series = self._series.pop(credential, set())
+        for metric, labels in series:
+            metric.remove(*labels)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def credential(self, name: str) -> CredentialMetrics | None:
+        with self._lock:
+            return self._credentials.get(name)
+
+    def credential_problems(self, names: Iterable[str]) -> list[str]:
+        """One line per credential in `names` whose apps cannot read a valid value now."""
+        now = self._clock.time()
+        problems = []
+        with self._lock:
+            known = dict(self._credentials)
+        for name in names:
+            state = known.get(name)
+            if state is None or state.expires_at is None:
+                problems.append(f"credential {name}: nothing published yet")
+            elif not state.ready(now):
+                problems.append(f"credential {name}: expired at {rfc3339(state.expires_at)}")
+        return problems
+
+    def snapshot(
+        self,
+    ) -> tuple[dict[str, CredentialMetrics], tuple[float | None, bool], float | None, float]:
+        """(credentials, vault token, last heartbeat, now), consistent with each other."""
+        with self._lock:
+            return dict(self._credentials), self._vault_token, self._heartbeat, self._clock.time()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _update(self, credential: str, provider: str, kind: str, **changes: Any) -> None:
+        with self._lock:
+            current = self._credentials.get(credential)
+            if current is None:
+                current = CredentialMetrics(provider, bounded(kind, c.KINDS))
+            self._credentials[credential] = replace(
+                current, provider=provider, kind=bounded(kind, c.KINDS), **changes
+            )
+
+    def _count(self, credential: str, metric: Counter, labels: tuple[str, ...]) -> None:
+        metric.labels(*labels).inc()
+        with self._lock:
+            self._series.setdefault(credential, set()).add((metric, labels))
+
+
+if TYPE_CHECKING:  # mypy proves the observer satisfies the protocol
+
+    def _conforms(observer: PrometheusObserver) -> Observer:
+        return observer
