@@ -204,7 +204,7 @@ class PrometheusObserver:
 
     # -- what only the daemon knows -------------------------------------------------------------
 
-    def restored(  # noqa: PLR0917 - positional, as `Observers` fans events out
+    def restored(
         self,
         credential: str,
         provider: str,
