@@ -2,7 +2,10 @@
 # Debian packages the test suite needs; installed only when missing (apt-get needs root).
 set -euo pipefail
 needed=()
-# (later issues add promtool and alertmanager here)
+# A real Alertmanager for the alert-hook integration tests (tests/integration/test_alerts_hooks.py).
+command -v prometheus-alertmanager >/dev/null 2>&1 || needed+=(prometheus-alertmanager)
+# promtool (rule tests) and a real Prometheus (dashboard queries): tests/integration/test_prometheus_rules.py.
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || needed+=(prometheus)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

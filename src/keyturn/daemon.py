@@ -4,7 +4,8 @@
 housekeeping jobs, and waits. A reload (SIGHUP) re-reads the file: added credentials start,
 removed ones stop (their Vault data stays), changed ones run again at once; a file that does
 not load, or that changes what needs a restart ([keyturn], [vault], [metrics]), is refused
-with one log line and the running configuration stays in force.
+with one log line and the running configuration stays in force. ([[alerts]] changes need a
+restart too.)
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from keyturn.alerts import AlertingObserver
+from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
@@ -24,10 +27,11 @@ from keyturn.observability import (
     PrometheusObserver,
     readiness_check,
 )
+from keyturn.references import ReferenceResolver
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
 
-RESTART_SECTIONS = ("keyturn", "vault", "metrics")
+RESTART_SECTIONS = ("keyturn", "vault", "metrics", "alerts")
 
 log = get_logger("keyturn.daemon")
 
@@ -134,6 +138,15 @@ async def run_daemon(
                 vault=runtime.store.health, observer=metrics, credentials=lambda: list(runtime.jobs)
             ),
         )
+        dispatcher = await build_dispatcher(
+            config,
+            ReferenceResolver(runtime.context.environ, runtime.store),
+            clock=clock,
+            rng=runtime.context.rng,
+            on_delivery=metrics.alert_delivery,
+        )
+        runtime.observers.add(AlertingObserver(dispatcher))
+        await dispatcher.start()
         await server.start()
         try:
             metrics.heartbeat()
@@ -154,6 +167,8 @@ async def run_daemon(
             log.info("daemon.stopped", drained=drained)
         finally:
             await server.stop()
+            # After the scheduler's drain, so alerts from the last runs still go out.
+            await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
     return 0
 
 

@@ -82,9 +82,9 @@ def api_key_job(
         observer.published(name, provider, "api_key", created_at, rotate_after)
         return version
 
-    async def published_key_id() -> str | None:
+    async def published_key_id() -> tuple[str | None, int] | None:
         entry = await store.read(publish_to)
-        return entry.data.get("key_id") if entry else None
+        return (entry.data.get("key_id"), entry.version) if entry else None
 
     rotation = KeyRotation(
         credential=name,

@@ -44,8 +44,8 @@ Kind = Literal["api_key", "oauth_client"]
 Verifier = Callable[[Secret], Awaitable[None]]
 # Makes a verified key what apps read; returns the published KV version.
 Publisher = Callable[[Secret, str | None, float, CredentialState], Awaitable[int]]
-# Reads back what apps read: the key id published there now, or None.
-PublishedKeyId = Callable[[], Awaitable[str | None]]
+# Reads back what apps read: the key id published there now and its KV version, or None.
+PublishedKeyId = Callable[[], Awaitable[tuple[str | None, int] | None]]
 
 PAUSE_POINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
 
@@ -239,8 +239,14 @@ class KeyRotation:
             )
         published_version = state.published_version
         if self._publish is not None:
-            already = self._published_key_id and await self._published_key_id()
-            if already is None or already != state.pending_key_id or state.pending_key_id is None:
+            already = await self._published_key_id() if self._published_key_id else None
+            if (
+                already is not None
+                and state.pending_key_id is not None
+                and already[0] == state.pending_key_id
+            ):
+                published_version = already[1]  # keyturn's own write, before a crash
+            else:
                 published_version = await self._publish(
                     state.pending_key, state.pending_key_id, now, state
                 )

@@ -381,7 +381,6 @@ def test_other_environment_variables_are_ignored() -> None:
         "KEYTURNX": "y",
         "HOME": "/",
         "KEYTURN_CONFIG": "/etc/keyturn/keyturn.toml",  # the CLI's, not an override
-        "KEYTURN_ALERTS_URL": "https://hooks.example.com",  # no such section (yet)
     }
     config = parse_config(MINIMAL, "k.toml", environ)
     assert config.vault.address == "https://vault.example.com"

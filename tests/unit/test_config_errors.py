@@ -382,7 +382,7 @@ CASES: list[tuple[str, str | None, str, str]] = [
         'unknown key; did you mean "max"?',
     ),
     # top level: later features are unknown keys for now
-    ("alerts", "[]", "alerts", "unknown key; expected one of: keyturn, vault, metrics, providers"),
+    ("alert", "[]", "alert", 'unknown key; did you mean "alerts"?'),
     ("rotation", "{}", "rotation", 'unknown key; did you mean "rotators"?'),
     ("provider", "[]", "provider", 'unknown key; did you mean "providers"?'),
 ]

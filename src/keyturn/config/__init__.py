@@ -4,14 +4,17 @@
     config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
 
 See docs/configuration.md for every key. Modules: `schema` (the objects), `load` (parsing and
-validation), `rotators` (`[[rotators]]` and `rotation`), `reader` and `fields` (how raw values
-and overrides are read), `templates` (an http rotator's templates and JSON pointers),
-`durations`.
+validation), `rotators` (`[[rotators]]` and `rotation`), `alerts` (`[[alerts]]`), `reader`
+and `fields` (how raw values and overrides are read), `templates` (an http rotator's
+templates and JSON pointers), `durations`.
 """
 
 from keyturn.config.durations import format_duration, parse_duration
 from keyturn.config.load import load_config, parse_config
 from keyturn.config.schema import (
+    AlertHookConfig,
+    AlertHookType,
+    AlertSeverity,
     AppRoleAuth,
     AuthMethod,
     ClientAuth,
@@ -40,6 +43,9 @@ from keyturn.config.schema import (
 )
 
 __all__ = [
+    "AlertHookConfig",
+    "AlertHookType",
+    "AlertSeverity",
     "AppRoleAuth",
     "AuthMethod",
     "ClientAuth",

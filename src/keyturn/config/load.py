@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from keyturn.config.alerts import load_alerts
 from keyturn.config.fields import (
     BOOLEAN,
     HTTP_PATH,
@@ -151,6 +152,13 @@ def parse_config(
     state_prefix = daemon.state_prefix if daemon else _DAEMON.state_prefix
     credential_tables = root.entries("credentials", "credential") or []
     credentials = _credentials(credential_tables, declared, state_prefix, rotators)
+    declared_credentials = [entry.declared_name for entry in credential_tables]
+    alerts = load_alerts(
+        root,
+        None
+        if None in declared_credentials
+        else [n for n in declared_credentials if n is not None],
+    )
     root.finish()
     report_unknown_overrides(ctx)
     if ctx.problems or daemon is None or vault is None or metrics is None:
@@ -163,6 +171,7 @@ def parse_config(
         credentials=tuple(credentials),
         source=Path(source),
         rotators=rotators.configs,
+        alerts=tuple(alerts),
     )
 
 

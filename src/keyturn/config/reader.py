@@ -29,12 +29,20 @@ T = TypeVar("T")
 ENV_PREFIX = "KEYTURN"
 # `KEYTURN_<SECTION>_…` variables are overrides; other `KEYTURN_…` variables (such as the
 # CLI's KEYTURN_CONFIG) belong to someone else, unless their section is a near-miss typo.
-OVERRIDE_SECTIONS = ("KEYTURN", "VAULT", "METRICS", "PROVIDERS", "ROTATORS", "CREDENTIALS")
+OVERRIDE_SECTIONS = (
+    "KEYTURN",
+    "VAULT",
+    "METRICS",
+    "PROVIDERS",
+    "ROTATORS",
+    "CREDENTIALS",
+    "ALERTS",
+)
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _GENERIC_OVERRIDE = (
     "expected KEYTURN_<SECTION>_<KEY> for a key of [keyturn], [vault] or [metrics], "
-    "KEYTURN_VAULT_AUTH_<KEY>, KEYTURN_PROVIDERS_<NAME>_<KEY>, KEYTURN_ROTATORS_<NAME>_<KEY> or "
-    "KEYTURN_CREDENTIALS_<NAME>_<KEY>"
+    "KEYTURN_VAULT_AUTH_<KEY>, KEYTURN_PROVIDERS_<NAME>_<KEY>, KEYTURN_ROTATORS_<NAME>_<KEY>, "
+    "KEYTURN_CREDENTIALS_<NAME>_<KEY> or KEYTURN_ALERTS_<NAME>_<KEY>"
 )
 
 
@@ -286,7 +294,12 @@ def _unknown_override(ctx: Context, var: str, known: list[str]) -> str:
     close = difflib.get_close_matches(var, known, n=1, cutoff=0.9)
     if close:
         return f"not a known override; did you mean {close[0]}?"
-    sections = (("PROVIDERS", "provider"), ("ROTATORS", "rotator"), ("CREDENTIALS", "credential"))
+    sections = (
+        ("PROVIDERS", "provider"),
+        ("ROTATORS", "rotator"),
+        ("CREDENTIALS", "credential"),
+        ("ALERTS", "alert hook"),
+    )
     for section, singular in sections:
         head = f"{ENV_PREFIX}_{section}_"
         if var.startswith(head):

@@ -11,8 +11,9 @@ else should construct them from raw input. Durations are float seconds. Secret i
     ├── providers: Mapping[name, ProviderConfig]
     ├── rotators: Mapping[name, HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig]
     │             (http: create/revoke: HttpCall, find: HttpFind)
-    └── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy,
-                                                     rotation: RotationPolicy
+    ├── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy,
+    │                                                rotation: RotationPolicy
+    └── alerts: tuple[AlertHookConfig, ...]
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ CredentialKind = Literal["oauth_client", "api_key"]
 RotatorType = Literal["http", "exec", "manual"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
+AlertHookType = Literal["webhook", "slack", "pagerduty", "alertmanager"]
+AlertSeverity = Literal["info", "warning", "critical"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
@@ -272,6 +275,32 @@ class CredentialConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AlertHookConfig:
+    """`[[alerts]]`: one alert hook (see `keyturn.alerts`).
+
+    url: the receiver (webhook, slack), Alertmanager's base URL, or the PagerDuty Events API
+    endpoint (None: PagerDuty's own). A reference, or `SecretRef.inline(url)` for a plain URL
+    (never for slack). routing_key: the PagerDuty integration key (pagerduty only).
+    detectors / credentials: the only ones this hook takes (None: all).
+    rate_limit: firing alerts per minute. repeat_interval: seconds before a still-firing
+    alert is sent again. runbook_base: None for keyturn's own runbook.
+    """
+
+    name: str
+    type: AlertHookType
+    url: SecretRef | None = None
+    routing_key: SecretRef | None = None
+    min_severity: AlertSeverity = "warning"
+    detectors: tuple[str, ...] | None = None
+    credentials: tuple[str, ...] | None = None
+    rate_limit: float = 30.0
+    repeat_interval: float = 4 * 3600.0
+    timeout: float = 10.0
+    max_retries: int = 5
+    runbook_base: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     """The whole configuration, validated. `source` is the file it came from."""
 
@@ -282,6 +311,7 @@ class Config:
     credentials: tuple[CredentialConfig, ...]
     source: Path
     rotators: Mapping[str, RotatorConfig] = field(default_factory=dict)
+    alerts: tuple[AlertHookConfig, ...] = ()
     _by_name: Mapping[str, CredentialConfig] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )

@@ -1,0 +1,186 @@
+"""The `Alert` value object: what a hook is told, and nothing secret.
+
+An alert is about one condition: a detector (`refresh_token_rejected`, `credential_failing`,
+…) on one credential of one provider. Its `fingerprint` is a stable hash of that triple (and
+of the hook it is about, for `alert_hook_failing`), so the dispatcher can deduplicate and a
+receiver (PagerDuty `dedup_key`, Alertmanager labels) can match `resolved` to `firing`.
+
+Alert text comes from keyturn's own messages, which never hold a value. Two defensive checks
+stand behind that: every field must be a plain `str` (a `Secret` is refused, not rendered) of
+at most `MAX_FIELD` characters, and `scrub_text` blanks anything that looks like
+`token=<value>` or `Bearer <value>` before a message becomes a summary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from keyturn.clock import rfc3339
+from keyturn.logs import SENSITIVE_KEYS
+from keyturn.secret import PLACEHOLDER
+
+Severity = Literal["info", "warning", "critical"]
+Status = Literal["firing", "resolved"]
+
+SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+MAX_FIELD = 1000
+DEFAULT_RUNBOOK_BASE = "https://github.com/keyturn/keyturn/blob/main/docs/runbook.md"
+
+# Every detector an alert can be about (docs/metrics.md and docs/alerts.md). The
+# configuration's `detectors` filter accepts only these names, so a typo cannot silently
+# filter everything out: a new detector is added here.
+DETECTORS: tuple[str, ...] = (
+    "published_secret_changed",
+    "refresh_token_rejected",
+    "client_rejected",
+    "fresh_credential_rejected",
+    "grant_drift",
+    "unusual_usage",
+    "unexpected_reader",
+    "vault_token_expiring",
+    "alert_hook_failing",
+    "loop_stalled",
+    "credential_failing",
+    "manual_rotation_due",
+)
+
+_SECRET_WORDS = "|".join(
+    re.escape(k) for k in sorted(SENSITIVE_KEYS | {"routing_key"}, key=len, reverse=True)
+)
+# `token=abc`, `"client_secret": "abc"`, `api_key: abc` (a known secret name, then a value).
+_KEY_VALUE = re.compile(
+    rf"""(?i)(?<![A-Za-z0-9_-])({_SECRET_WORDS})(["']?\s*[=:]\s*)(["']?)[^\s"',;&}}]+"""
+)
+# `Bearer abc`, `Basic abc` (an Authorization value).
+_AUTH_VALUE = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+")
+
+
+def scrub_text(text: str) -> str:
+    """`text` with values after known secret names and auth schemes replaced by a placeholder.
+
+    A net under keyturn's messages (which never carry values), not a reason to log values.
+    """
+    text = _AUTH_VALUE.sub(lambda m: f"{m[1]} {PLACEHOLDER}", text)
+    return _KEY_VALUE.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{PLACEHOLDER}", text)
+
+
+def clip(text: str, limit: int = MAX_FIELD) -> str:
+    """`text` cut to `limit` characters (with "…" when cut)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def alert_name(detector: str) -> str:
+    """`refresh_token_rejected` → `KeyturnRefreshTokenRejected` (the Alertmanager alertname)."""
+    return "Keyturn" + "".join(part.capitalize() for part in detector.split("_"))
+
+
+def runbook_url(base: str, name: str) -> str:
+    """The runbook section of alert `name`: `<base>#<name in lower case>`, the anchor GitHub
+    gives a `## KeyturnRefreshTokenRejected` heading."""
+    return f"{base.rstrip('#')}#{name.lower()}"
+
+
+def fingerprint(detector: str, credential: str, provider: str, hook: str = "") -> str:
+    """Stable id of a condition: the same inputs give the same 16 hex digits in every process."""
+    material = "\x00".join((detector, credential, provider, hook)).encode()
+    return hashlib.sha256(material).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert. Times are epoch seconds; `ends_at` is set when resolved.
+
+    credential/provider are "" for alerts about keyturn itself (e.g. `loop_stalled`); `hook`
+    names the hook an `alert_hook_failing` alert is about ("" otherwise).
+    """
+
+    name: str
+    detector: str
+    severity: Severity
+    summary: str
+    credential: str
+    provider: str
+    runbook_url: str
+    starts_at: float
+    status: Status = "firing"
+    ends_at: float | None = None
+    hook: str = ""
+    fingerprint: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("name", "detector", "summary", "credential", "provider", "runbook_url"):
+            value = getattr(self, name)
+            if type(value) is not str:  # a Secret (or anything else) is refused, not rendered
+                raise TypeError(f"Alert.{name} must be a str, not {type(value).__name__}")
+            if len(value) > MAX_FIELD:
+                raise ValueError(f"Alert.{name} is longer than {MAX_FIELD} characters")
+        if type(self.hook) is not str or len(self.hook) > MAX_FIELD:
+            raise TypeError("Alert.hook must be a short str")
+        if self.severity not in SEVERITY_RANK:
+            raise ValueError(f"Alert.severity must be one of {', '.join(SEVERITIES)}")
+        if self.status not in ("firing", "resolved"):
+            raise ValueError("Alert.status must be firing or resolved")
+        if not self.detector:
+            raise ValueError("Alert.detector must not be empty")
+        key = fingerprint(self.detector, self.credential, self.provider, self.hook)
+        object.__setattr__(self, "fingerprint", key)
+
+    @classmethod
+    def make(
+        cls,
+        detector: str,
+        severity: Severity,
+        summary: str,
+        *,
+        credential: str = "",
+        provider: str = "",
+        starts_at: float,
+        runbook_base: str = DEFAULT_RUNBOOK_BASE,
+        hook: str = "",
+    ) -> Alert:
+        """An alert named after its detector, its summary scrubbed and clipped."""
+        name = alert_name(detector)
+        return cls(
+            name=name,
+            detector=detector,
+            severity=severity,
+            summary=clip(scrub_text(summary)),
+            credential=credential,
+            provider=provider,
+            runbook_url=runbook_url(runbook_base, name),
+            starts_at=starts_at,
+            hook=hook,
+        )
+
+    @property
+    def firing(self) -> bool:
+        return self.status == "firing"
+
+    def resolve(self, at: float) -> Alert:
+        """The same alert, resolved at `at`."""
+        return replace(self, status="resolved", ends_at=max(at, self.starts_at))
+
+    def with_runbook_base(self, base: str) -> Alert:
+        """The same alert whose runbook link points into another copy of the runbook."""
+        return replace(self, runbook_url=runbook_url(base, self.name))
+
+    def to_dict(self) -> dict[str, object]:
+        """Every field, times in RFC 3339 (the generic webhook's `alert` object)."""
+        return {
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "status": self.status,
+            "severity": self.severity,
+            "detector": self.detector,
+            "credential": self.credential,
+            "provider": self.provider,
+            "hook": self.hook or None,
+            "summary": self.summary,
+            "runbook_url": self.runbook_url,
+            "starts_at": rfc3339(self.starts_at),
+            "ends_at": None if self.ends_at is None else rfc3339(self.ends_at),
+        }
