@@ -11,6 +11,7 @@ restart too.)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
+from keyturn.layout import CredentialState, state_path
 from keyturn.logs import get_logger
 from keyturn.observability import (
     HeartbeatLiveness,
@@ -30,6 +32,7 @@ from keyturn.observability import (
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
+from keyturn.watch import PublishedWatcher, WatchTarget
 
 RESTART_SECTIONS = ("keyturn", "vault", "metrics", "alerts")
 
@@ -126,8 +129,10 @@ async def run_daemon(
             metrics.vault_token(runtime.store.token_expires_at(), runtime.store.authenticated)
             return HEARTBEAT_SECONDS
 
-        scheduler.add_periodic("vault-token", runtime.store.maintain_token)
+        scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
         scheduler.add_periodic("heartbeat", heartbeat)
+        if config.keyturn.watch_interval > 0:
+            scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
         server = MetricsServer(
             config.metrics,
             registry,
@@ -170,6 +175,64 @@ async def run_daemon(
             # After the scheduler's drain, so alerts from the last runs still go out.
             await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
     return 0
+
+
+def vault_token_keeper(
+    runtime: Runtime, config: Config, clock: Clock
+) -> Callable[[], Awaitable[float]]:
+    """Renews keyturn's own Vault token, and reports when even that leaves it near its end
+    (not renewable, max TTL reached, logins refused): soon keyturn can write nothing."""
+
+    async def maintain() -> float:
+        delay = await runtime.store.maintain_token()
+        expires_at = runtime.store.token_expires_at()
+        if expires_at is not None:
+            left = expires_at - clock.time()
+            if left < config.vault.renew_margin:
+                runtime.observers.suspicious(
+                    "",
+                    "vault",
+                    "vault_token_expiring",
+                    "critical",
+                    f"keyturn's Vault token expires in {max(0.0, left):.0f}s and could not be "
+                    "renewed or replaced",
+                )
+        return delay
+
+    return maintain
+
+
+def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> PublishedWatcher:
+    """Detector 1 over the running configuration; its response goes through the scheduler, so
+    it never runs beside a credential's own job."""
+
+    def targets() -> list[WatchTarget]:
+        return [WatchTarget(c.name, c.provider, c.publish_to) for c in runtime.config.credentials]
+
+    def known_version(name: str) -> int | None:
+        status = scheduler.status.get(name)
+        outcome = status.last_outcome if status else None
+        return outcome.state.published_version if outcome else None
+
+    async def journal_version(name: str) -> int | None:
+        entry = await runtime.store.read(state_path(runtime.config.keyturn.state_prefix, name))
+        return CredentialState.from_data(entry.data, name).published_version if entry else None
+
+    async def republish(name: str) -> None:
+        kind = runtime.config.credential(name).kind
+        await scheduler.run_now(name, force={"republish" if kind == "api_key" else "refresh"})
+
+    keyturn = runtime.config.keyturn
+    return PublishedWatcher(
+        targets,
+        store=runtime.store,
+        observer=runtime.observers,
+        known_version=known_version,
+        journal_version=journal_version,
+        republish=republish,
+        response=keyturn.on_external_change,
+        interval=keyturn.watch_interval,
+    )
 
 
 async def _serve(

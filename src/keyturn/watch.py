@@ -1,7 +1,8 @@
 """Detector 1: a published secret changed by someone other than keyturn.
 
 A periodic sweep reads the KV metadata of every published path (one read per credential) and
-compares it with what keyturn last wrote: a newer version (a write by someone else), deleted or
+compares it with what keyturn last wrote (re-reading the journal before reporting, as another
+instance may have written since): a newer version (a write by someone else), deleted or
 destroyed versions, or custom metadata that no longer says keyturn wrote it. Each finding is
 reported once per version seen. The response is configurable: `republish` puts keyturn's value
 back (apps get a working credential again), `alert` leaves the path alone for a person to look
@@ -10,7 +11,7 @@ at. (Conflicts keyturn meets while writing are reported by the writers themselve
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,19 +59,21 @@ class PublishedWatcher:
 
     def __init__(
         self,
-        targets: Mapping[str, WatchTarget],
+        targets: Callable[[], Iterable[WatchTarget]],
         *,
         store: KvStore,
         observer: Observer,
         known_version: Callable[[str], int | None],
+        journal_version: Callable[[str], Awaitable[int | None]],
         republish: Callable[[str], Awaitable[object]],
         response: Response,
         interval: float,
     ) -> None:
-        self._targets = dict(targets)
+        self._targets = targets  # read at every sweep: a reload changes them
         self._store = store
         self._observer = observer
         self._known = known_version
+        self._journal_version = journal_version
         self._republish = republish
         self._response = response
         self._interval = interval
@@ -78,7 +81,7 @@ class PublishedWatcher:
         self._log = get_logger("keyturn.watch")
 
     async def sweep(self) -> float:
-        for target in self._targets.values():
+        for target in self._targets():
             try:
                 await self.check(target)
             except KeyturnError as error:  # Vault trouble is reported by the jobs themselves
@@ -91,6 +94,12 @@ class PublishedWatcher:
             return []  # never published by this process yet: nothing to compare with
         metadata = await self._store.read_metadata(target.publish_to)
         found = findings(metadata, known, target.name)
+        if found:
+            # Another instance (or this one, since its last run) may have published: the
+            # journal in Vault has the last word before anything is reported.
+            latest = await self._journal_version(target.name)
+            if latest is not None and latest != known:
+                found = findings(metadata, latest, target.name)
         if not found:
             self._reported.pop(target.name, None)
             return []

@@ -17,7 +17,12 @@ def store() -> FakeVaultStore:
     return FakeVaultStore(clock=FakeClock())
 
 
-def make(store: FakeVaultStore, known: dict[str, int], response: str = "republish"):
+def make(
+    store: FakeVaultStore,
+    known: dict[str, int],
+    response: str = "republish",
+    journal: dict[str, int] | None = None,
+):
     seen: list[tuple[object, ...]] = []
     republished: list[str] = []
 
@@ -31,11 +36,15 @@ def make(store: FakeVaultStore, known: dict[str, int], response: str = "republis
     async def republish(name: str) -> None:
         republished.append(name)
 
+    async def journal_version(name: str) -> int | None:
+        return (journal if journal is not None else known).get(name)
+
     watcher = PublishedWatcher(
-        {"reporting": WatchTarget("reporting", "acme", PATH)},
+        lambda: [WatchTarget("reporting", "acme", PATH)],
         store=store,
         observer=Observer(),  # type: ignore[arg-type]
         known_version=known.get,
+        journal_version=journal_version,
         republish=republish,
         response=response,  # type: ignore[arg-type]
         interval=300,
@@ -116,3 +125,14 @@ async def test_nothing_is_compared_before_keyturn_published(store: FakeVaultStor
     watcher, seen, _ = make(store, {})
     await watcher.sweep()
     assert seen == []
+
+
+async def test_a_write_another_keyturn_instance_journaled_is_not_reported(
+    store: FakeVaultStore,
+) -> None:
+    first = await ours(store)
+    second = await ours(store)  # another instance refreshed and recorded it in the journal
+    watcher, seen, republished = make(store, {"reporting": first}, journal={"reporting": second})
+    await watcher.sweep()
+    assert seen == []
+    assert republished == []

@@ -45,6 +45,7 @@ from keyturn.config.schema import (
     CredentialConfig,
     CredentialKind,
     DaemonSettings,
+    ExternalChangeResponse,
     KubernetesAuth,
     LogLevel,
     MetricsSettings,
@@ -61,6 +62,7 @@ from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
 LOG_LEVELS: tuple[LogLevel, ...] = ("debug", "info", "warning", "error")
+EXTERNAL_CHANGE_RESPONSES: tuple[ExternalChangeResponse, ...] = ("republish", "alert")
 AUTH_METHODS: tuple[AuthMethod, ...] = ("token", "token_file", "approle", "kubernetes")
 TOKEN_REQUESTS: tuple[TokenRequest, ...] = ("json", "form")
 CLIENT_AUTHS: tuple[ClientAuth, ...] = ("body", "basic")
@@ -186,6 +188,10 @@ def _daemon(t: Table | None) -> DaemonSettings | None:
         max_concurrency=t.get("max_concurrency", integer(1), d.max_concurrency),
         vault_concurrency=t.get("vault_concurrency", integer(1), d.vault_concurrency),
         shutdown_timeout=t.get("shutdown_timeout", duration(positive=True), d.shutdown_timeout),
+        watch_interval=t.get("watch_interval", duration(positive=False), d.watch_interval),
+        on_external_change=t.get(
+            "on_external_change", choice(EXTERNAL_CHANGE_RESPONSES), d.on_external_change
+        ),
     )
     t.finish()
     return settings

@@ -28,6 +28,7 @@ from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
 LogLevel = Literal["debug", "info", "warning", "error"]
+ExternalChangeResponse = Literal["republish", "alert"]
 TokenRequest = Literal["json", "form"]
 ClientAuth = Literal["body", "basic"]
 CredentialKind = Literal["oauth_client", "api_key"]
@@ -49,6 +50,9 @@ class DaemonSettings:
     max_concurrency: credential jobs running at once.
     vault_concurrency: threads for (blocking) hvac calls.
     shutdown_timeout: seconds to let running jobs finish on SIGTERM.
+    watch_interval: seconds between sweeps of published paths for changes made outside
+    keyturn (0: no sweeps). on_external_change: "republish" puts keyturn's value back,
+    "alert" only reports it.
     """
 
     instance_id: str
@@ -57,6 +61,8 @@ class DaemonSettings:
     max_concurrency: int = 64
     vault_concurrency: int = 16
     shutdown_timeout: float = 30.0
+    watch_interval: float = 300.0
+    on_external_change: ExternalChangeResponse = "republish"
 
 
 @dataclass(frozen=True, slots=True)
