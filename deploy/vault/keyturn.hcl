@@ -1,0 +1,54 @@
+# Vault / OpenBao policy for keyturn, for the default layout:
+#   KV v2 mount "secret" ([vault] mount), inputs under keyturn/inputs/, private state under
+#   keyturn/state/ ([keyturn] state_prefix), every publish_to under apps/.
+# With another mount, state_prefix or publish_to prefix, change the paths below to match;
+# `keyturn check -c FILE` then names every path whose capabilities fall short.
+#
+#   bao policy write keyturn deploy/vault/keyturn.hcl     (or: vault policy write …)
+#
+# It grants exactly what keyturn uses (src/keyturn/commands/check.py, required_capabilities),
+# and nothing else: no delete, no list, no sudo, nothing outside these paths.
+# docs: deploy/vault/README.md, docs/vault.md.
+
+# The inputs keyturn reads through `vault:` references: client ids and secrets, a rotator's
+# admin token, alert hooks' URLs and routing keys. Read only: people (or their pipeline) put
+# them there; keyturn never writes them.
+path "secret/data/keyturn/inputs/*" {
+  capabilities = ["read"]
+}
+
+# keyturn's private state, one record per credential: refresh token, current and pending
+# keys, the rotation journal, the lease that lets one instance at a time work on a
+# credential. No app's policy may grant anything here.
+path "secret/data/keyturn/state/*" {
+  capabilities = ["create", "update", "read"]
+}
+
+# What apps read (each credential's publish_to). keyturn writes new versions with
+# check-and-set and reads the current one to plan its next refresh.
+path "secret/data/apps/*" {
+  capabilities = ["create", "update", "read"]
+}
+
+# The same paths' KV metadata: keyturn writes custom_metadata (managed-by, credential,
+# expires_at, writer) and reads the version history to spot writes and deletions made by
+# someone else.
+path "secret/metadata/apps/*" {
+  capabilities = ["create", "update", "read"]
+}
+
+# keyturn's own token: look it up, renew it, and ask which capabilities it has
+# (`keyturn check`). The built-in `default` policy grants the same; they are repeated here
+# so that keyturn also works with a token that carries only this policy
+# (token_no_default_policy=true on its AppRole or Kubernetes role).
+path "auth/token/lookup-self" {
+  capabilities = ["read"]
+}
+
+path "auth/token/renew-self" {
+  capabilities = ["update"]
+}
+
+path "sys/capabilities-self" {
+  capabilities = ["update"]
+}
