@@ -19,6 +19,7 @@ from collections import defaultdict
 
 import httpx
 
+from keyturn.alerts.build import build_hooks
 from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, HttpRotatorConfig
@@ -56,6 +57,12 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
         needed[f"{mount}/metadata/{credential.publish_to}"] |= {"create", "update", "read"}
         private = state_path(config.keyturn.state_prefix, credential.name)
         needed[f"{mount}/data/{private}"] |= {"create", "update", "read"}
+    # Secrets of rotators and alert hooks may live in Vault too.
+    others = [r.auth for r in config.rotators.values() if isinstance(r, HttpRotatorConfig)]
+    others += [ref for hook in config.alerts for ref in (hook.url, hook.routing_key)]
+    for ref in others:
+        if ref is not None and ref.scheme == "vault":
+            needed[f"{ref.mount}/data/{ref.path}"].add("read")
     return needed
 
 
@@ -112,6 +119,15 @@ async def _check_references(config: Config, store: KvStore) -> list[str]:
             await resolver.resolve(rotator.auth)
         except KeyturnError as error:
             problems.append(f"rotators[{rotator.name!r}].auth: {error.message}")
+    try:
+        hooks = await build_hooks(
+            config.alerts, resolver, clock=SystemClock(), source=str(config.source)
+        )
+    except KeyturnError as error:
+        problems.append(f"alerts: {error.message}")
+    else:
+        for hook in hooks:
+            await hook.aclose()
     return problems
 
 
