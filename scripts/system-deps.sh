@@ -6,6 +6,8 @@ needed=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || needed+=(prometheus-alertmanager)
 # promtool (rule tests) and a real Prometheus (dashboard queries): tests/integration/test_prometheus_rules.py.
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || needed+=(prometheus)
+# systemd-analyze (unit verify/security) and systemd-sysusers: tests/integration/test_systemd.py.
+command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-sysusers >/dev/null 2>&1 || needed+=(systemd)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

@@ -23,6 +23,7 @@ from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.layout import CredentialState, state_path
 from keyturn.logs import get_logger
+from keyturn.notify import SystemdNotifier
 from keyturn.observability import (
     HeartbeatLiveness,
     MetricsServer,
@@ -105,10 +106,13 @@ async def run_daemon(
     reload_requests: asyncio.Queue[None] | None = None,
     runtime_out: list[Runtime] | None = None,
     registry: CollectorRegistry | None = None,
+    notifier: SystemdNotifier | None = None,
 ) -> int:
     """Run until `stop` is set; each item put on `reload_requests` reloads the config file.
-    `started`/`runtime_out` let an embedding (demo, tests, benchmarks) watch."""
+    `started`/`runtime_out` let an embedding (demo, tests, benchmarks) watch. `notifier`
+    tells systemd (Type=notify) about start, reloads, stop and liveness; without one, nobody."""
     clock = clock or SystemClock()
+    notifier = notifier if notifier is not None else SystemdNotifier({})
     registry = registry if registry is not None else CollectorRegistry()
     metrics = PrometheusObserver(registry, clock)
     async with open_runtime(
@@ -133,6 +137,16 @@ async def run_daemon(
         scheduler.add_periodic("heartbeat", heartbeat)
         if config.keyturn.watch_interval > 0:
             scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
+        watchdog_interval = notifier.watchdog_interval()
+        if watchdog_interval is not None:
+
+            async def watchdog() -> float:
+                # Runs on the event loop through the scheduler: a stalled loop or a dead
+                # scheduler stops the pings, and systemd restarts keyturn.
+                notifier.watchdog()
+                return watchdog_interval
+
+            scheduler.add_periodic("watchdog", watchdog)
         server = MetricsServer(
             config.metrics,
             registry,
@@ -162,11 +176,13 @@ async def run_daemon(
                 credentials=len(runtime.jobs),
                 metrics=server.url,
             )
+            notifier.ready(status=_status(runtime))
             if runtime_out is not None:
                 runtime_out.append(runtime)
             if started is not None:
                 started.set()
-            await _serve(runtime, stop, reload_requests)
+            await _serve(runtime, stop, reload_requests, notifier)
+            notifier.stopping(status="stopping: letting in-flight runs finish")
             log.info("daemon.stopping")
             drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
             log.info("daemon.stopped", drained=drained)
@@ -235,8 +251,17 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
     )
 
 
+def _status(runtime: Runtime, reload_refused: bool = False) -> str:
+    """The one line `systemctl status` shows (counts only, never a secret)."""
+    line = f"running: {len(runtime.jobs)} credentials"
+    return line + ("; last reload refused, see the log" if reload_refused else "")
+
+
 async def _serve(
-    runtime: Runtime, stop: asyncio.Event, reload_requests: asyncio.Queue[None] | None
+    runtime: Runtime,
+    stop: asyncio.Event,
+    reload_requests: asyncio.Queue[None] | None,
+    notifier: SystemdNotifier,
 ) -> None:
     if reload_requests is None:
         await stop.wait()
@@ -246,6 +271,8 @@ async def _serve(
         request = asyncio.create_task(reload_requests.get())
         done, _ = await asyncio.wait({stopping, request}, return_when=asyncio.FIRST_COMPLETED)
         if request in done:
-            await reload(runtime, runtime.config.source)
+            notifier.reloading(status=f"reloading {runtime.config.source}")
+            applied = await reload(runtime, runtime.config.source)
+            notifier.ready(status=_status(runtime, reload_refused=not applied))
         else:
             request.cancel()

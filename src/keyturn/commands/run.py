@@ -15,6 +15,7 @@ from keyturn.config import Config
 from keyturn.daemon import run_daemon
 from keyturn.errors import KeyturnError
 from keyturn.logs import get_logger
+from keyturn.notify import SystemdNotifier
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,4 +40,7 @@ async def _main(config: Config) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reloads.put_nowait, None)
-    return await run_daemon(config, stop, reload_requests=reloads)
+    # Reads NOTIFY_SOCKET/WATCHDOG_* and removes them from os.environ before the runtime
+    # builds exec rotators (which copy the environment): their commands must not inherit them.
+    notifier = SystemdNotifier()
+    return await run_daemon(config, stop, reload_requests=reloads, notifier=notifier)
