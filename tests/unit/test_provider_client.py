@@ -12,7 +12,8 @@ import pytest
 
 from keyturn.clock import FakeClock
 from keyturn.errors import MalformedResponse, OAuthError, ProviderUnavailable, RateLimited
-from keyturn.providers.client import ProviderClient, ProviderSettings, parse_retry_after
+from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.providers.http import parse_retry_after
 from keyturn.secret import Secret
 
 SECRET = Secret("cs-very-secret")

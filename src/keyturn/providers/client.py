@@ -9,7 +9,6 @@ request being built.
 from __future__ import annotations
 
 import base64
-import email.utils
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import quote
@@ -17,7 +16,12 @@ from urllib.parse import quote
 import httpx
 
 from keyturn.clock import Clock
-from keyturn.errors import MalformedResponse, ProviderUnavailable, RateLimited
+from keyturn.errors import MalformedResponse
+from keyturn.providers.http import (
+    pooled_client,
+    raise_if_transient,
+    send_bounded,
+)
 from keyturn.providers.ratelimit import TokenBucket
 from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_token_response
 from keyturn.secret import Secret
@@ -40,20 +44,6 @@ class ProviderSettings:
     max_response_bytes: int = 65536
 
 
-def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date), None if absent/invalid."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - now)
-
-
 def basic_credentials(client_id: str, client_secret: Secret) -> str:
     """RFC 6749 §2.3.1: form-urlencode each part, then HTTP Basic."""
     pair = f"{quote(client_id, safe='')}:{quote(client_secret.reveal(), safe='')}"
@@ -73,16 +63,11 @@ class ProviderClient:
         self.settings = settings
         self._clock = clock
         self._bucket = TokenBucket(settings.rate_limit, clock) if settings.rate_limit else None
-        self._http = httpx.AsyncClient(
+        self._http = pooled_client(
             base_url=settings.base_url,
             timeout=settings.timeout,
-            limits=httpx.Limits(
-                max_connections=settings.max_connections,
-                max_keepalive_connections=settings.max_connections,
-            ),
+            max_connections=settings.max_connections,
             transport=transport,
-            follow_redirects=False,
-            headers={"User-Agent": "keyturn", "Accept": "application/json"},
         )
 
     def __repr__(self) -> str:
@@ -138,9 +123,10 @@ class ProviderClient:
         request = self._http.build_request(
             "GET", path, headers={"Authorization": authorization.reveal()}
         )
-        status, headers, body = await self._send(request, credential)
-        if status == 429 or status >= 500:
-            self._raise_for(status, headers, body, credential, ())
+        status, headers, _body = await self._send(request, credential)
+        raise_if_transient(
+            status, headers, now=self._clock.time(), where=path, credential=credential
+        )
         return status
 
     async def _send(
@@ -148,33 +134,18 @@ class ProviderClient:
     ) -> tuple[int, httpx.Headers, bytes]:
         if self._bucket is not None:
             await self._bucket.acquire()
-        limit = self.settings.max_response_bytes
-        try:
-            response = await self._http.send(request, stream=True)
-            try:
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.aiter_bytes():
-                    size += len(chunk)
-                    if size > limit:
-                        raise MalformedResponse(
-                            f"response larger than {limit} bytes",
-                            field="body",
-                            credential=credential,
-                        )
-                    chunks.append(chunk)
-            finally:
-                await response.aclose()
-        except httpx.TimeoutException as exc:
-            raise ProviderUnavailable(
-                f"{request.url.path}: timed out after {self.settings.timeout:g}s",
-                credential=credential,
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise ProviderUnavailable(
-                f"{request.url.path}: {type(exc).__name__}", credential=credential
-            ) from exc
-        return response.status_code, response.headers, b"".join(chunks)
+
+        def oversized(description: str) -> MalformedResponse:
+            return MalformedResponse(description, field="body", credential=credential)
+
+        return await send_bounded(
+            self._http,
+            request,
+            limit=self.settings.max_response_bytes,
+            where=request.url.path,
+            credential=credential,
+            oversized=oversized,
+        )
 
     def _raise_for(
         self,
@@ -184,15 +155,10 @@ class ProviderClient:
         credential: str,
         sent: tuple[Secret | None, ...],
     ) -> None:
-        if status == 429:
-            retry_after = parse_retry_after(headers.get("Retry-After"), self._clock.time())
-            raise RateLimited(
-                f"rate limited (429), retry after {retry_after}s",
-                credential=credential,
-                retry_after=retry_after,
-            )
-        if status >= 500:
-            raise ProviderUnavailable(f"HTTP {status}", credential=credential, status=status)
+        where = self.settings.token_path
+        raise_if_transient(
+            status, headers, now=self._clock.time(), where=where, credential=credential
+        )
         error = parse_error_response(body, status, credential, sent)
         if error is None:
             raise MalformedResponse(

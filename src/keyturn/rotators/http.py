@@ -30,8 +30,8 @@ from keyturn.config.templates import (
     render_path,
     resolve_pointer,
 )
-from keyturn.errors import ProviderUnavailable, RateLimited, RotationError
-from keyturn.providers.client import parse_retry_after
+from keyturn.errors import RotationError
+from keyturn.providers.http import pooled_client, raise_if_transient, send_bounded
 from keyturn.rotators.base import NewKey, RotationRequest
 from keyturn.secret import Secret
 
@@ -60,16 +60,11 @@ class HttpRotator:
         self._clock = clock or SystemClock()
         self._limit = provider.max_response_bytes
         self._timeout = provider.timeout
-        self._http = httpx.AsyncClient(
+        self._http = pooled_client(
             base_url=provider.base_url,
             timeout=provider.timeout,
-            limits=httpx.Limits(
-                max_connections=provider.max_connections,
-                max_keepalive_connections=provider.max_connections,
-            ),
+            max_connections=provider.max_connections,
             transport=transport,
-            follow_redirects=False,
-            headers={"User-Agent": "keyturn", "Accept": "application/json"},
         )
 
     def __repr__(self) -> str:
@@ -159,48 +154,23 @@ class HttpRotator:
         built = self._http.build_request(
             call.method, render_path(call.path, values), content=content, headers=headers
         )
-        where = f"{what} ({call.method} {call.path})"
-        try:
-            response = await self._http.send(built, stream=True)
-            try:
-                body = await self._read(response, where, request)
-            finally:
-                await response.aclose()
-        except httpx.TimeoutException as exc:
-            raise ProviderUnavailable(
-                f"rotator {self.name}: {where}: timed out after {self._timeout:g}s",
-                credential=request.credential,
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise ProviderUnavailable(
-                f"rotator {self.name}: {where}: {type(exc).__name__}",
-                credential=request.credential,
-            ) from exc
-        status = response.status_code
-        if status == 429:
-            retry_after = parse_retry_after(response.headers.get("Retry-After"), self._clock.time())
-            raise RateLimited(
-                f"rotator {self.name}: {where}: rate limited (429), retry after {retry_after}s",
-                credential=request.credential,
-                retry_after=retry_after,
-            )
-        if status >= 500:
-            raise ProviderUnavailable(
-                f"rotator {self.name}: {where}: HTTP {status}",
-                credential=request.credential,
-                status=status,
-            )
+        where = f"rotator {self.name}: {what} ({call.method} {call.path})"
+        status, answer_headers, body = await send_bounded(
+            self._http,
+            built,
+            limit=self._limit,
+            where=where,
+            credential=request.credential,
+            oversized=lambda description: self._error(f"{where}: {description}", request),
+        )
+        raise_if_transient(
+            status,
+            answer_headers,
+            now=self._clock.time(),
+            where=where,
+            credential=request.credential,
+        )
         return status, body
-
-    async def _read(self, response: httpx.Response, where: str, request: RotationRequest) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > self._limit:
-                raise self._error(f"{where}: response larger than {self._limit} bytes", request)
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _values(
         self, request: RotationRequest, key_id: str | None, call: HttpCall

@@ -20,7 +20,7 @@ from keyturn.alerts.model import DEFAULT_RUNBOOK_BASE, SEVERITY_RANK, Alert, Sev
 from keyturn.clock import Clock
 from keyturn.logs import redact_secrets
 from keyturn.policy import BackoffPolicy
-from keyturn.providers.client import parse_retry_after
+from keyturn.providers.http import parse_retry_after
 from keyturn.secret import Secret
 
 USER_AGENT = f"keyturn/{__version__}"
