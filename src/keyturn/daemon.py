@@ -207,7 +207,7 @@ def vault_token_keeper(
             if left < config.vault.renew_margin:
                 runtime.observers.suspicious(
                     "",
-                    "vault",
+                    "",
                     "vault_token_expiring",
                     "critical",
                     f"keyturn's Vault token expires in {max(0.0, left):.0f}s and could not be "
@@ -230,9 +230,14 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         outcome = status.last_outcome if status else None
         return outcome.state.published_version if outcome else None
 
-    async def journal_version(name: str) -> int | None:
+    async def journal_version(name: str) -> tuple[int | None, bool]:
+        """The published version the journal records, and whether a run holds the lease."""
         entry = await runtime.store.read(state_path(runtime.config.keyturn.state_prefix, name))
-        return CredentialState.from_data(entry.data, name).published_version if entry else None
+        if entry is None:
+            return None, False
+        state = CredentialState.from_data(entry.data, name)
+        held = state.lease_until is not None and state.lease_until > runtime.context.clock.time()
+        return state.published_version, state.lease_owner is not None and held
 
     async def republish(name: str) -> None:
         kind = runtime.config.credential(name).kind

@@ -64,7 +64,7 @@ class PublishedWatcher:
         store: KvStore,
         observer: Observer,
         known_version: Callable[[str], int | None],
-        journal_version: Callable[[str], Awaitable[int | None]],
+        journal_version: Callable[[str], Awaitable[tuple[int | None, bool]]],
         republish: Callable[[str], Awaitable[object]],
         response: Response,
         interval: float,
@@ -96,8 +96,11 @@ class PublishedWatcher:
         found = findings(metadata, known, target.name)
         if found:
             # Another instance (or this one, since its last run) may have published: the
-            # journal in Vault has the last word before anything is reported.
-            latest = await self._journal_version(target.name)
+            # journal in Vault has the last word before anything is reported. A run that holds
+            # the lease may be between publishing and recording it: judge at the next sweep.
+            latest, in_progress = await self._journal_version(target.name)
+            if in_progress:
+                return []
             if latest is not None and latest != known:
                 found = findings(metadata, latest, target.name)
         if not found:

@@ -22,6 +22,7 @@ def make(
     known: dict[str, int],
     response: str = "republish",
     journal: dict[str, int] | None = None,
+    in_progress: bool = False,
 ):
     seen: list[tuple[object, ...]] = []
     republished: list[str] = []
@@ -36,8 +37,8 @@ def make(
     async def republish(name: str) -> None:
         republished.append(name)
 
-    async def journal_version(name: str) -> int | None:
-        return (journal if journal is not None else known).get(name)
+    async def journal_version(name: str) -> tuple[int | None, bool]:
+        return (journal if journal is not None else known).get(name), in_progress
 
     watcher = PublishedWatcher(
         lambda: [WatchTarget("reporting", "acme", PATH)],
@@ -136,3 +137,11 @@ async def test_a_write_another_keyturn_instance_journaled_is_not_reported(
     await watcher.sweep()
     assert seen == []
     assert republished == []
+
+
+async def test_a_run_in_progress_is_judged_at_the_next_sweep(store: FakeVaultStore) -> None:
+    first = await ours(store)
+    await ours(store)  # published by a run that has not recorded it in the journal yet
+    watcher, seen, _ = make(store, {"reporting": first}, in_progress=True)
+    await watcher.sweep()
+    assert seen == []
