@@ -2,8 +2,8 @@
 
 Every credential has one private state record in Vault (`layout.CredentialState`), written
 with check-and-set. A job run reads it, asks each task when it is next due, and if any task is
-due now takes the lease (a CAS write naming this instance) and runs the due tasks in order:
-rotation before refresh, so a refresh after a client-secret rotation uses the new secret. Each
+due now takes the lease (a CAS write naming this instance) and runs the due tasks in order
+(refresh before rotation, so a slow rotator never delays a token that is due). Each
 task saves its progress through the same record, so a crash between any two steps resumes
 from the last saved one. Failures are the task's own: it records them in the record and plans a
 retry with backoff; the other tasks of the job still run.
@@ -159,6 +159,7 @@ class CredentialJob:
         if prepare is not None:
             try:
                 prepare(journal)
+                await journal.save(journal.state)  # e.g. an imported key: stored before use
             except KeyturnError as error:
                 await journal.save(journal.state.with_(lease_owner=None, lease_until=None))
                 return Outcome("refused", now, journal.state, error)

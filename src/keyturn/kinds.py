@@ -16,7 +16,7 @@ import random
 from collections.abc import Awaitable, Callable
 
 from keyturn.clock import Clock
-from keyturn.errors import KeyturnError
+from keyturn.errors import KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import Observer
 from keyturn.job import CredentialJob, Journal
 from keyturn.layout import CredentialState, api_key_published_fields, published_metadata
@@ -160,13 +160,22 @@ def client_secret_rotation(
     pause_at: str | None = None,
 ) -> KeyRotation:
     async def verify(secret: Secret) -> None:
-        token = await client.request_token(
-            name,
-            grant_type="client_credentials",
-            client_id=await client_id(),
-            client_secret=secret,
-            scope=scope,
-        )
+        try:
+            token = await client.request_token(
+                name,
+                grant_type="client_credentials",
+                client_id=await client_id(),
+                client_secret=secret,
+                scope=scope,
+            )
+        except OAuthError as error:
+            if error.error not in ("invalid_client", "unauthorized_client"):
+                raise
+            raise VerificationFailed(
+                f"the new client secret was refused ({error.error}); nothing switched",
+                credential=name,
+                status=error.status,
+            ) from error
         if probe:
             await verify_with_probe(
                 client,

@@ -385,8 +385,8 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
     lease_seconds: float = 120.0,
     extra_tasks: tuple[Task, ...] = (),
 ) -> CredentialJob:
-    """A job for an OAuth credential: optional tasks first (client-secret rotation), then
-    the token refresh."""
+    """A job for an OAuth credential: the token refresh, then optional tasks (client-secret
+    rotation)."""
     refresh = TokenRefresh(
         target,
         client=client,
@@ -401,7 +401,9 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
         target.name,
         provider=target.provider,
         kind=KIND,
-        tasks=[*extra_tasks, refresh],
+        # The refresh first: a slow rotator must never delay a token that is due (the secret
+        # it uses stays valid through the rotation's grace period).
+        tasks=[refresh, *extra_tasks],
         store=store,
         observer=observer,
         clock=clock,

@@ -109,7 +109,10 @@ class KeyRotation:
                 return now
             planned = state.key_created_at + self.settings.max_age
             self._observer.rotation_planned(self.credential, self.provider, self.kind, planned)
-            return planned
+            # Look again at least once per grace period: a `keyturn rotate` beside the daemon
+            # starts a grace period this process did not plan, and the old key must not
+            # outlive it by more than that.
+            return min(planned, now + max(self.settings.grace, 1.0))
         if phase == "retiring":
             return max(state.previous_retire_at or now, retry)
         return max(now, retry) if not force else now

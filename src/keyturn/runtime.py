@@ -159,7 +159,9 @@ async def _build(jobs: JobSet, context: Context) -> None:
         name = credential.name
         policy = credential.rotation
         settings = (
-            RotationSettings(policy.max_age, policy.grace, policy.verify_attempts)
+            RotationSettings(
+                policy.max_age, policy.grace, policy.verify_attempts, credential.backoff
+            )
             if policy is not None
             else None
         )

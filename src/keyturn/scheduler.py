@@ -127,14 +127,18 @@ class CredentialScheduler:
         return not pending
 
     async def shutdown(self, timeout: float) -> bool:
-        """Stop starting runs, wait up to `timeout` for in-flight ones; True if all finished."""
+        """Stop starting runs, let in-flight ones finish for up to `timeout`, then stop the
+        scheduler; True if all finished. (APScheduler's own shutdown cancels running coroutine
+        jobs, which would cut a rotation between two steps: it comes last.)"""
         self._accepting = False
         if self._scheduler.running:
-            self._scheduler.shutdown(wait=False)
+            self._scheduler.pause()
+        pending: set[asyncio.Task[None]] = set()
         tasks = set(self._in_flight)
-        if not tasks:
-            return True
-        _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=timeout)
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
         return not pending
 
     def _plan(self, name: str, due: float) -> None:

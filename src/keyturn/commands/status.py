@@ -78,7 +78,9 @@ async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[Stat
         except KeyturnError as error:
             state = CredentialState(phase="unknown", last_error=str(error))
         phase = state.phase
-        if state.expires_at is not None and state.expires_at <= clock.time():
+        # An access token expires; an API key past its rotation date still works.
+        expired = state.expires_at is not None and state.expires_at <= clock.time()
+        if expired and credential.kind == "oauth_client":
             phase = "expired"
         rotation = credential.rotation
         rotates_at: float | None = None

@@ -185,4 +185,3 @@ class DaemonProcess(ManagedServer):
 
     def log_text(self) -> str:
         return "".join(path.read_text() for path in self.log_paths if path.exists())
-
