@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from keyturn.commands import add_config_argument, load_or_report
-from keyturn.commands.oneshot import credential_or_report, run_once
+from keyturn.commands import load_or_report
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.commands.rotate import report
 from keyturn.errors import KeyturnError
 from keyturn.job import Journal
@@ -27,12 +27,8 @@ MAX_KEY_BYTES = 16_384
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_argument(parser)
-    parser.add_argument("name", help="the credential whose new key is on standard input")
+    add_credential_arguments(parser, "the credential whose new key is on standard input")
     parser.add_argument("--key-id", help="the provider's id for the key (not secret), if any")
-    parser.add_argument(
-        "--wait", type=float, default=60.0, help="seconds to wait for a lease held elsewhere"
-    )
 
 
 def read_key(stream: TextIO | None = None) -> Secret | None:

@@ -6,14 +6,25 @@ work on one credential at once: if the daemon holds the lease, the command waits
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Collection
 
 from keyturn.clock import SystemClock
+from keyturn.commands import add_config_argument
 from keyturn.config import Config
 from keyturn.job import Journal, Outcome
 from keyturn.runtime import Runtime, open_runtime
+
+
+def add_credential_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
+    """-c FILE, the credential's NAME and --wait: what every one-shot command takes."""
+    add_config_argument(parser)
+    parser.add_argument("name", help=name_help)
+    parser.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for a lease held elsewhere"
+    )
 
 
 def credential_or_report(config: Config, name: str, command: str) -> bool:

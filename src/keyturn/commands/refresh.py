@@ -12,17 +12,13 @@ import asyncio
 import sys
 
 from keyturn.clock import rfc3339
-from keyturn.commands import add_config_argument, load_or_report
-from keyturn.commands.oneshot import credential_or_report, run_once
+from keyturn.commands import load_or_report
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_argument(parser)
-    parser.add_argument("name", help="the credential to refresh")
-    parser.add_argument(
-        "--wait", type=float, default=60.0, help="seconds to wait for a lease held elsewhere"
-    )
+    add_credential_arguments(parser, "the credential to refresh")
 
 
 def run(args: argparse.Namespace) -> int:
