@@ -1,0 +1,714 @@
+"""keyturn at scale: N OAuth credentials against a real OpenBao and the real sandbox.
+
+    python bench/daemon_scale.py [--credentials 10000] [--lifetime S] [--steady 60]
+        [--concurrency 64] [--vault-concurrency 16] [--provider-connections C] [--probe]
+        [--cold-only] [--workdir DIR]
+
+Everything runs on loopback: `bao server -dev` (in-memory storage) and `keyturn sandbox`, as
+subprocesses. Setup registers N OAuth apps through the sandbox's admin API and stores each
+one's client_id/client_secret in Vault at `secret/keyturn/inputs/c<i>`; the configuration
+has one `[[credentials]]` per app, publishing to `secret/bench/apps/c<i>`, no probe unless
+`--probe`, Vault auth by `token_file`, log level "warning". One run prints (figures on
+stdout, progress on stderr):
+
+1. cold start: seconds from spawning the daemon (config parsing, Vault login and all) until
+   every credential's `publish_to` path exists in Vault (one KV `LIST` per second, every
+   0.1 s after 95 %), next to a minimal concurrent script doing the same N token requests
+   and N KV v2 writes in the same run (httpx `AsyncClient` for `POST /oauth/token`, hvac on
+   a thread pool for the write; no scheduling, no state, no checks), as a ratio. The script
+   runs twice (before the cold start, and while the restarted daemon idles before its first
+   refresh, or after the steady phase); the ratio is against the mean, each round shown.
+   CPU time per credential of the daemon or script, OpenBao and the sandbox (from /proc)
+   shows where the work goes;
+2. peak RSS of the daemon process (`VmHWM` from /proc: the daemon alone, not this harness);
+3. restart while every token is still valid: the daemon is stopped (SIGTERM) and started
+   again; the sandbox's token-endpoint count (`GET /admin/usage`) before and after every
+   credential's first run is done must not move (0, the one failing check);
+4. steady state on the restarted daemon: p50/p99/max lateness of scheduled runs (start of
+   each run minus its planned time, `CredentialScheduler.lateness`) in a window of
+   `--steady` seconds that opens when the first refresh is due.
+
+The daemon is this script with `--child CONFIG`, which calls `run_daemon` the way
+`keyturn run` does and reports progress and the lateness samples as JSON lines on stdout,
+so its RSS and CPU are its own. The token lifetime is set (through the sandbox's admin API)
+after the first baseline round to 10 times its duration, at least 200 s, so that the first
+refresh (at 0.56 of the lifetime, the earliest the default refresh policy plans) comes after
+the cold start and the restart on any machine; `--lifetime` fixes it instead. Speed is
+reported as ratios measured in one run, never as pass/fail timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import queue
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import hvac
+import requests
+from requests.adapters import HTTPAdapter
+
+from keyturn.dev.openbao import OpenBaoDevServer
+from keyturn.dev.sandbox import SandboxProcess
+
+INPUTS = "keyturn/inputs"  # where each credential's client_id/client_secret live
+PUBLISHED = "bench/apps"  # keyturn publishes here
+BASELINE = "bench/baseline"  # the minimal script writes here
+TICKS = os.sysconf("SC_CLK_TCK")
+DEADLINE_SLACK = 600.0  # no phase waits longer than this (bounded loops)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- small helpers --------------------------------------------------------------------------
+
+
+async def for_each(count: int, concurrency: int, body: Callable[[int], Awaitable[None]]) -> None:
+    """`body(i)` for i in range(count), `concurrency` at a time."""
+    indices = iter(range(count))
+
+    async def worker() -> None:
+        for i in indices:  # one shared iterator: each index is taken exactly once
+            await body(i)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A `kB` field of /proc/PID/status (VmHWM, VmRSS), in bytes; 0 if unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def machine_busy() -> float:
+    """CPU seconds all processes on the machine spent so far (/proc/stat, all cores)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields)
+    return (user + nice + system + irq + softirq + steal) / TICKS
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Vault:
+    """Just enough of Vault's HTTP API for setup and observation (root token, httpx)."""
+
+    def __init__(self, address: str, token: str, concurrency: int) -> None:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.http = httpx.AsyncClient(
+            base_url=address, headers={"X-Vault-Token": token}, limits=limits, timeout=30
+        )
+
+    async def write(self, path: str, data: dict[str, str]) -> None:
+        response = await self.http.post(f"/v1/secret/data/{path}", json={"data": data})
+        response.raise_for_status()
+
+    async def count(self, prefix: str) -> int:
+        """Paths directly under `prefix` (one LIST on the metadata endpoint)."""
+        response = await self.http.request("LIST", f"/v1/secret/metadata/{prefix}")
+        if response.status_code == 404:
+            return 0
+        response.raise_for_status()
+        return len(response.json()["data"]["keys"])
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+async def token_requests(http: httpx.AsyncClient) -> int:
+    """Every answer the sandbox's token endpoint gave so far (any status)."""
+    response = await http.get("/admin/usage")
+    response.raise_for_status()
+    return sum(response.json()["endpoints"].get("token", {}).values())
+
+
+# -- setup ----------------------------------------------------------------------------------
+
+
+async def setup(
+    args: argparse.Namespace, vault: Vault, admin: httpx.AsyncClient
+) -> list[dict[str, str]]:
+    """Register N OAuth apps in the sandbox and store their inputs in Vault."""
+    apps: list[dict[str, str]] = [{} for _ in range(args.credentials)]
+
+    async def one(i: int) -> None:
+        body = {"name": f"bench-{i}", "redirect_uri": "http://127.0.0.1/callback"}
+        response = await admin.post("/admin/oauth-apps", json=body)
+        response.raise_for_status()
+        created = response.json()
+        apps[i] = {"client_id": created["client_id"], "client_secret": created["client_secret"]}
+        await vault.write(f"{INPUTS}/c{i}", apps[i])
+
+    await for_each(args.credentials, 32, one)
+    return apps
+
+
+def write_config(
+    args: argparse.Namespace, workdir: Path, vault_address: str, token_file: Path, base_url: str
+) -> Path:
+    probe = 'probe = "/v1/projects"\n' if args.probe else ""
+    connections = (
+        f"max_connections = {args.provider_connections}\n" if args.provider_connections else ""
+    )
+    parts = [
+        f"""# Written by bench/daemon_scale.py
+[keyturn]
+instance_id = "bench"
+log_level = "warning"
+max_concurrency = {args.concurrency}
+vault_concurrency = {args.vault_concurrency}
+
+[vault]
+address = "{vault_address}"
+auth = {{ method = "token_file", path = "{token_file}" }}
+mount = "secret"
+renew_margin = "60s"
+
+[metrics]
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "sandbox"
+base_url = "{base_url}"
+allow_insecure_http = true
+token_request = "json"
+client_auth = "body"
+timeout = "30s"
+{connections}"""
+    ]
+    for i in range(args.credentials):
+        parts.append(
+            f"""
+[[credentials]]
+name = "c{i}"
+provider = "sandbox"
+kind = "oauth_client"
+client_id = "vault:secret/{INPUTS}/c{i}#client_id"
+client_secret = "vault:secret/{INPUTS}/c{i}#client_secret"
+publish_to = "{PUBLISHED}/c{i}"
+{probe}"""
+        )
+    path = workdir / "keyturn.toml"
+    path.write_text("".join(parts))
+    return path
+
+
+# -- the minimal script -----------------------------------------------------------------------
+
+
+async def baseline(
+    args: argparse.Namespace, apps: list[dict[str, str]], base_url: str, vault: OpenBaoDevServer
+) -> tuple[float, float]:
+    """Seconds and harness CPU seconds for N token requests + N KV v2 writes, no checks."""
+    session = requests.Session()  # hvac's own, with as many pooled connections as threads
+    adapter = HTTPAdapter(pool_maxsize=args.vault_concurrency)
+    session.mount("http://", adapter)
+    client = hvac.Client(url=vault.address, token=vault.root_token, session=session)
+    pool = ThreadPoolExecutor(max_workers=args.vault_concurrency)
+    loop = asyncio.get_running_loop()
+    limits = httpx.Limits(
+        max_connections=args.concurrency, max_keepalive_connections=args.concurrency
+    )
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30) as http:
+
+        async def one(i: int) -> None:
+            response = await http.post(
+                "/oauth/token", json={"grant_type": "client_credentials", **apps[i]}
+            )
+            token = response.json()
+            expires_at = time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + token["expires_in"])
+            )
+            secret = {
+                "access_token": token["access_token"],
+                "token_type": token["token_type"],
+                "expires_at": expires_at,
+                "authorization": f"Bearer {token['access_token']}",
+            }
+            await loop.run_in_executor(
+                pool,
+                lambda: client.secrets.kv.v2.create_or_update_secret(
+                    path=f"{BASELINE}/c{i}", secret=secret, mount_point="secret"
+                ),
+            )
+
+        cpu, started = time.process_time(), time.perf_counter()
+        await for_each(args.credentials, args.concurrency, one)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    pool.shutdown()
+    session.close()
+    return elapsed, cpu
+
+
+# -- the daemon, as a child process -----------------------------------------------------------
+
+
+class Daemon:
+    """`--child CONFIG` in a subprocess; its stdout is a stream of JSON events."""
+
+    def __init__(self, script: Path, config: Path, log_path: Path) -> None:
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        with log_path.open("ab") as log_file:
+            self.process = subprocess.Popen(
+                [sys.executable, str(script), "--child", str(config)],
+                stdout=subprocess.PIPE,
+                stderr=log_file,
+                stdin=subprocess.DEVNULL,
+            )
+        self.started = time.perf_counter()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.events.put(json.loads(line))
+        self.events.put({"event": "exit"})
+
+    def wait_for(self, name: str, timeout: float = DEADLINE_SLACK) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"daemon: no {name!r} within {timeout:g}s") from None
+            if event["event"] == name:
+                return event
+            if event["event"] in ("exit", "failed"):
+                raise RuntimeError(f"daemon ended before {name!r}: {event}")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> dict[str, Any]:
+        """SIGTERM, then the final report (lateness samples, exit code)."""
+        self.process.send_signal(signal.SIGTERM)
+        report = self.wait_for("stopped", timeout=120)
+        self.process.wait(timeout=60)
+        return report
+
+
+async def wait_published(vault: Vault, count: int, daemon: Daemon, timeout: float) -> float:
+    """Seconds from the daemon's spawn until `count` paths exist under PUBLISHED.
+
+    One LIST per second (a LIST of 10,000 keys is not free for OpenBao), every 0.1 s once
+    95 % are there, so the figure is within ~0.1 s without loading Vault during the run.
+    """
+    deadline = time.monotonic() + timeout
+    last_report = 0.0
+    while time.monotonic() < deadline:
+        seen = await vault.count(PUBLISHED)
+        now = time.perf_counter()
+        if seen >= count:
+            return now - daemon.started
+        if daemon.process.poll() is not None:
+            raise RuntimeError("the daemon exited during the cold start; see keyturn.log")
+        if now - last_report > 15:
+            log(f"  published {seen}/{count} after {now - daemon.started:.0f}s")
+            last_report = now
+        await asyncio.sleep(0.1 if seen >= 0.95 * count else 1.0)
+    raise RuntimeError(f"not all {count} credentials published within {timeout:g}s")
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+def ms_per(seconds: float, count: int) -> str:
+    return f"{seconds * 1000 / count:.1f}"
+
+
+async def bench(
+    args: argparse.Namespace,
+    workdir: Path,
+    script: Path,
+    vault: OpenBaoDevServer,
+    sandbox: SandboxProcess,
+) -> int:
+    n = args.credentials
+    kv = Vault(vault.address, vault.root_token, 32)
+    admin = httpx.AsyncClient(
+        base_url=sandbox.base_url,
+        headers={"Authorization": f"Bearer {sandbox.admin_token}"},
+        timeout=60,
+    )
+    bao_pid = vault._process.pid if vault._process else 0  # a benchmark's peek
+    sandbox_pid = sandbox.pid or 0
+
+    def servers_cpu() -> tuple[float, float, float, float]:
+        """OpenBao's, the sandbox's, this script's and the whole machine's CPU seconds."""
+        return (
+            cpu_seconds(bao_pid),
+            cpu_seconds(sandbox_pid),
+            time.process_time(),
+            machine_busy(),
+        )
+
+    daemons: list[Daemon] = []
+    rows: list[tuple[str, str]] = [
+        ("credentials", f"{n}"),
+        ("max_concurrency / vault_concurrency", f"{args.concurrency} / {args.vault_concurrency}"),
+        ("provider max_connections", f"{args.provider_connections or '100 (default)'}"),
+        ("probe before publish", "yes" if args.probe else "no"),
+    ]
+
+    def spawn(config: Path) -> Daemon:
+        daemons.append(Daemon(script, config, workdir / "keyturn.log"))
+        return daemons[-1]
+
+    try:
+        log(f"setup: registering {n} OAuth apps and storing their inputs in Vault")
+        started = time.perf_counter()
+        apps = await setup(args, kv, admin)
+        log(f"setup done in {time.perf_counter() - started:.1f}s")
+        token_file = workdir / "vault-token"
+        token_file.write_text(vault.root_token)
+        token_file.chmod(0o600)
+        config = write_config(args, workdir, vault.address, token_file, sandbox.base_url)
+
+        async def baseline_round() -> Round:
+            log(f"baseline round {len(rounds) + 1}: {n} token requests + {n} KV v2 writes")
+            bao0, sb0, _, all0 = servers_cpu()
+            seconds, cpu = await baseline(args, apps, sandbox.base_url, vault)
+            bao1, sb1, _, all1 = servers_cpu()
+            log(f"baseline done in {seconds:.1f}s")
+            others = (all1 - all0) - cpu - (bao1 - bao0) - (sb1 - sb0)
+            rounds.append((seconds, cpu, bao1 - bao0, sb1 - sb0, others))
+            return rounds[-1]
+
+        rounds: list[Round] = []
+        base_seconds = (await baseline_round())[0]
+        lifetime = f"{args.lifetime} s"
+        if args.auto_lifetime:
+            # Long enough that the cold start and the restart end before the first refresh is
+            # due (0.56 of the lifetime): keyturn's cold start has taken 2.4-3.2x the
+            # baseline, the restart another 0.2x of that; 10x leaves room for noise.
+            args.lifetime = max(200, math.ceil(10 * base_seconds))
+            response = await admin.put(
+                "/admin/settings", json={"access_token_lifetime": args.lifetime}
+            )
+            response.raise_for_status()
+            lifetime = f"{args.lifetime} s (10 x baseline round 1, at least 200 s)"
+        rows.insert(1, ("token lifetime (sandbox)", lifetime))
+
+        log("keyturn cold start")
+        tokens_before = await token_requests(admin)
+        bao2, sb2, me2, all2 = servers_cpu()
+        daemon = spawn(config)
+        started_event = daemon.wait_for("started")
+        cold = await wait_published(kv, n, daemon, DEADLINE_SLACK)
+        bao3, sb3, me3, all3 = servers_cpu()
+        cold_cpu = cpu_seconds(daemon.pid)
+        cold_others = (all3 - all2) - cold_cpu - (bao3 - bao2) - (sb3 - sb2) - (me3 - me2)
+        first = daemon.wait_for("first_runs_done")
+        cold_rss = proc_status(daemon.pid, "VmHWM")
+        cold_tokens = await token_requests(admin) - tokens_before
+        log(f"all {n} published {cold:.1f}s after spawn; first runs: {first['actions']}")
+        rows += [
+            (
+                "keyturn: spawn -> all published",
+                f"{cold:.2f} s ({n / cold:.0f} credentials/s; daemon up after "
+                f"{started_event['since_spawn']:.2f} s)",
+            ),
+            (
+                "CPU ms/credential, keyturn",
+                f"daemon {ms_per(cold_cpu, n)}, OpenBao {ms_per(bao3 - bao2, n)}, "
+                f"sandbox {ms_per(sb3 - sb2, n)}; other processes on the machine "
+                f"{max(0.0, cold_others / cold):.2f} cores",
+            ),
+            ("token requests during cold start", f"{cold_tokens}"),
+            ("peak RSS (VmHWM), cold start", f"{cold_rss / 2**20:.0f} MiB"),
+        ]
+        daemon.stop()
+        if args.cold_only:
+            return report(baseline_rows(rows, rounds, cold, n), 0)
+
+        log("restart while every token is still valid")
+        tokens_before = await token_requests(admin)
+        daemon = spawn(config)
+        restart_started = daemon.wait_for("started")
+        again = daemon.wait_for("first_runs_done")
+        restart_seconds = time.perf_counter() - daemon.started
+        restart_tokens = await token_requests(admin) - tokens_before
+        log(f"restart: first runs done in {restart_seconds:.1f}s: {again['actions']}")
+        rows += [
+            (
+                "restart: spawn -> all first runs done",
+                f"{restart_seconds:.2f} s (daemon up after {restart_started['since_spawn']:.2f} s)",
+            ),
+            (
+                "restart: first-run outcomes",
+                ", ".join(f"{k} {v}" for k, v in sorted(again["actions"].items())),
+            ),
+            ("restart: token requests (must be 0)", f"{restart_tokens}"),
+        ]
+        if again["actions"].get("refreshed"):
+            log("some tokens were already due at the restart: the lifetime is too short")
+
+        wait = again["next_due_min"] - time.time()
+        if wait > DEADLINE_SLACK:
+            raise RuntimeError(f"the first refresh is {wait:.0f}s away; use a shorter --lifetime")
+        if wait > base_seconds + 10:
+            # The second baseline round uses the idle time before the first refresh is due
+            # (the restarted daemon sits idle); else it runs after the steady phase.
+            await baseline_round()
+        # The first generation of refreshes replays the cold start spread by the policy's
+        # jitter (due at 0.56-0.76 of the lifetime after issue), so its rate ramps up from the
+        # first due time. The window opens where, on that ramp, its mean rate is the long-run
+        # rate N / (0.66 x lifetime): the load a daemon with this lifetime carries for good.
+        offset = max(0.0, 0.3 * cold - args.steady / 2)
+        wait = max(0.0, again["next_due_min"] + offset - time.time())
+        log(f"steady state: window opens in {wait:.0f}s and lasts {args.steady:g}s")
+        await asyncio.sleep(wait)
+        tokens_before = await token_requests(admin)
+        daemon.signal(signal.SIGUSR1)
+        mark_a = daemon.wait_for("mark")
+        await asyncio.sleep(args.steady)
+        daemon.signal(signal.SIGUSR1)
+        mark_b = daemon.wait_for("mark")
+        steady_tokens = await token_requests(admin) - tokens_before
+        steady_rss = proc_status(daemon.pid, "VmHWM")
+        final = daemon.stop()
+        if len(rounds) < 2:
+            await baseline_round()
+        if final["lateness_dropped"]:
+            raise RuntimeError("the lateness deque overflowed; shorten the steady phase")
+        window = final["lateness"][mark_a["count"] : mark_b["count"]]
+        rows += [
+            (
+                "steady: window",
+                f"{args.steady:g} s, from {offset:.0f} s after the first due refresh: "
+                f"{len(window)} scheduled runs, {steady_tokens} token requests",
+            ),
+            (
+                "steady: refresh rate in the window",
+                f"{len(window) / args.steady:.1f}/s (long-run rate N/(0.66 x lifetime): "
+                f"{n / (0.66 * args.lifetime):.1f}/s; cold start: {n / cold:.1f}/s)",
+            ),
+            (
+                "steady: lateness p50 / p99 / max",
+                " / ".join(
+                    f"{v * 1000:.0f} ms"
+                    for v in (
+                        percentile(window, 0.50),
+                        percentile(window, 0.99),
+                        max(window, default=float("nan")),
+                    )
+                ),
+            ),
+            ("peak RSS (VmHWM), restarted daemon", f"{steady_rss / 2**20:.0f} MiB"),
+        ]
+        return report(baseline_rows(rows, rounds, cold, n), 0 if restart_tokens == 0 else 1)
+    finally:
+        for process in (d.process for d in daemons):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        await kv.aclose()
+        await admin.aclose()
+
+
+# One baseline round: seconds, then CPU seconds of the script, OpenBao, the sandbox and every
+# other process on the machine (noise: other load on the same cores).
+Round = tuple[float, float, float, float, float]
+
+
+def baseline_rows(
+    rows: list[tuple[str, str]],
+    rounds: list[Round],
+    cold: float,
+    n: int,
+) -> list[tuple[str, str]]:
+    """The baseline's rows (one per round) and the ratio, placed before keyturn's cold start."""
+    mean = sum(r[0] for r in rounds) / len(rounds)
+    ours = [
+        (
+            f"baseline round {i}: token requests + KV writes",
+            f"{seconds:.2f} s ({n / seconds:.0f} credentials/s; CPU ms/credential: script "
+            f"{ms_per(cpu, n)}, OpenBao {ms_per(bao, n)}, sandbox {ms_per(sb, n)}; "
+            f"other processes {max(0.0, others / seconds):.2f} cores)",
+        )
+        for i, (seconds, cpu, bao, sb, others) in enumerate(rounds, 1)
+    ]
+    each = ", ".join(f"{cold / r[0]:.2f}" for r in rounds)
+    ratio = ("ratio keyturn / baseline (mean)", f"{cold / mean:.2f} (per round: {each})")
+    at = next(i for i, (k, _) in enumerate(rows) if k.startswith("keyturn:"))
+    return [*rows[:at], *ours, rows[at], ratio, *rows[at + 1 :]]
+
+
+def report(rows: list[tuple[str, str]], code: int) -> int:
+    width = max(len(k) for k, _ in rows)
+    print(f"\nkeyturn daemon at scale: {' '.join(sys.argv[1:]) or '(defaults)'}")
+    for key, value in rows:
+        print(f"  {key:<{width}}  {value}")
+    if code:
+        print("FAIL: the restart made token requests while every token was still valid")
+    sys.stdout.flush()
+    return code
+
+
+# -- child: the daemon itself -----------------------------------------------------------------
+
+
+def emit(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def child(config_path: Path) -> int:
+    spawned = time.time()
+    from keyturn.config import load_config  # noqa: PLC0415 - the child's own imports
+    from keyturn.daemon import run_daemon  # noqa: PLC0415
+    from keyturn.logs import configure_logging  # noqa: PLC0415
+
+    configure_logging("warning")  # stderr: the parent's keyturn.log
+    config = load_config(config_path)
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        started = asyncio.Event()
+        runtimes: list[Any] = []
+        daemon = asyncio.create_task(
+            run_daemon(config, stop, started=started, runtime_out=runtimes)
+        )
+        waiter = asyncio.create_task(started.wait())
+        await asyncio.wait({daemon, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.is_set():
+            waiter.cancel()
+            emit({"event": "failed", "error": repr(daemon.exception())})
+            return 1
+        emit({"event": "started", "since_spawn": time.time() - spawned})
+        scheduler = runtimes[0].scheduler
+        loop.add_signal_handler(
+            signal.SIGUSR1, lambda: emit({"event": "mark", "count": len(scheduler.lateness)})
+        )
+        status = scheduler.status
+        while not stop.is_set():
+            if all(s.last_outcome is not None for s in status.values()):
+                actions = Counter(s.last_outcome.action for s in status.values())
+                dues = [s.next_due for s in status.values() if s.next_due is not None]
+                emit(
+                    {
+                        "event": "first_runs_done",
+                        "since_spawn": time.time() - spawned,
+                        "actions": dict(actions),
+                        "next_due_min": min(dues),
+                        "next_due_max": max(dues),
+                    }
+                )
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=0.1)
+        code = await daemon
+        emit(
+            {
+                "event": "stopped",
+                "code": code,
+                "lateness": list(scheduler.lateness),
+                "lateness_dropped": len(scheduler.lateness) == scheduler.lateness.maxlen,
+                "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            }
+        )
+        return code
+
+    return asyncio.run(main())
+
+
+# -- entry ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--credentials", type=int, default=10_000)
+    parser.add_argument(
+        "--lifetime",
+        type=int,
+        default=None,
+        help="access token lifetime in seconds (default: 10 x the first baseline round, >= 200)",
+    )
+    parser.add_argument("--steady", type=float, default=60.0, help="steady window (s)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        help="keyturn max_concurrency and the baseline's concurrent token requests",
+    )
+    parser.add_argument(
+        "--vault-concurrency",
+        type=int,
+        default=16,
+        help="keyturn vault_concurrency and the baseline's hvac threads",
+    )
+    parser.add_argument(
+        "--provider-connections",
+        type=int,
+        default=None,
+        help="the provider's max_connections in keyturn's config (default: keyturn's, 100)",
+    )
+    parser.add_argument(
+        "--cold-only", action="store_true", help="stop after the cold start (for tuning)"
+    )
+    parser.add_argument("--probe", action="store_true", help="probe each token before publish")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        return child(args.child)
+    # SIGTERM unwinds like Ctrl-C, so OpenBao, the sandbox and the daemon are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.auto_lifetime = args.lifetime is None
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="keyturn-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"workdir {workdir} (keyturn.log, sandbox/)")
+    sandbox_config = {"access_token_lifetime": args.lifetime or 3600, "access_log": False}
+    with (
+        OpenBaoDevServer(log_file=workdir / "bao.log") as vault,
+        SandboxProcess(sandbox_config, workdir / "sandbox", log_level="warning") as sandbox,
+    ):
+        return asyncio.run(bench(args, workdir, Path(__file__).resolve(), vault, sandbox))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
