@@ -421,7 +421,7 @@ async def bench(
         lifetime = f"{args.lifetime} s"
         if args.auto_lifetime:
             # Long enough that the cold start and the restart end before the first refresh is
-            # due (0.56 of the lifetime): keyturn's cold start has taken 2.4-3.2x the
+            # due (0.56 of the lifetime): keyturn's cold start has taken 2.3-3.3x the
             # baseline, the restart another 0.2x of that; 10x leaves room for noise.
             args.lifetime = max(200, math.ceil(10 * base_seconds))
             response = await admin.put(
