@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
+
+import structlog
 
 
 class Clock(Protocol):
@@ -44,9 +47,17 @@ def parse_rfc3339(text: str) -> float:
 
 
 class SystemClock:
-    """The real clock."""
+    """The real clock. `offset` (seconds, set only by `WallClockGuard`) is added to the
+    system's wall clock while the guard holds time steady across a step it does not trust."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
 
     def time(self) -> float:
+        return time.time() + self.offset
+
+    def system_time(self) -> float:
+        """The system's wall clock, as it is."""
         return time.time()
 
     def monotonic(self) -> float:
@@ -60,11 +71,15 @@ class FakeClock:
     """A clock that moves only when told to; `sleep` returns once `advance` passes its deadline."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.offset = 0.0
         self._now = start
         self._mono = 0.0
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def time(self) -> float:
+        return self._now + self.offset
+
+    def system_time(self) -> float:
         return self._now
 
     def monotonic(self) -> float:
@@ -90,7 +105,98 @@ class FakeClock:
             if not future.done():
                 future.set_result(None)
 
+    def step_wall(self, seconds: float) -> None:
+        """Step the wall clock alone, either way (an NTP step, a VM resume, libfaketime): the
+        monotonic clock and the sleepers do not move."""
+        self._now += seconds
+
     @property
     def sleepers(self) -> int:
         """How many coroutines are waiting in `sleep`."""
         return sum(1 for _, f in self._sleepers if not f.done())
+
+
+class AdjustableClock(Clock, Protocol):
+    """A clock whose wall time the guard can hold steady: `time() = system_time() + offset`."""
+
+    offset: float
+
+    def system_time(self) -> float: ...
+
+
+# Where keyturn learns the right time when its own clock jumps: Vault's clock (None when
+# Vault cannot be asked now).
+TimeReference = Callable[[], Awaitable[float | None]]
+
+
+class WallClockGuard:
+    """Notices steps of the system's wall clock and decides which time keyturn lives by.
+
+    Every check compares the wall clock with the monotonic clock; a change of their difference
+    by more than `threshold` seconds is a step (NTP, a VM resume, an operator, libfaketime).
+    Which side is right is asked of `reference` (Vault's clock, which apps and the provider
+    share): if the system clock agrees with it, keyturn adopts the stepped clock; otherwise it
+    holds its time steady (`offset`), so plans, expiry checks and the `expires_at` apps read
+    stay right. Without an answer it holds, and asks again at the next check. Either way the
+    step is logged and `on_jump` re-plans every credential against the clock as it is now.
+    Run `check` from a plain loop on the monotonic clock, not from a scheduler that itself
+    plans by wall time.
+    """
+
+    def __init__(
+        self,
+        clock: AdjustableClock,
+        *,
+        reference: TimeReference,
+        on_jump: Callable[[float], None],
+        threshold: float = 2.0,
+    ) -> None:
+        self._clock = clock
+        self._reference = reference
+        self._on_jump = on_jump
+        self._threshold = threshold
+        self._base = clock.system_time() - clock.monotonic()
+        self._log = structlog.get_logger("keyturn.clock")
+
+    async def check(self) -> float:
+        """One look; returns the offset now in force."""
+        clock = self._clock
+        base = clock.system_time() - clock.monotonic()
+        step, self._base = base - self._base, base
+        stepped = abs(step) > self._threshold
+        if not stepped and clock.offset == 0.0:
+            return 0.0
+        offset = clock.offset - step if stepped else clock.offset  # hold time steady
+        reference = await self._reference()
+        if reference is not None:
+            system = clock.system_time()
+            if abs(system - reference) <= self._threshold:
+                offset = 0.0  # the system clock is right (again): live by it
+            elif abs(system + offset - reference) > self._threshold:
+                offset = reference - system  # neither agrees: the reference decides
+        changed = offset != clock.offset
+        clock.offset = offset
+        if stepped:
+            self._log.warning(
+                "clock.jumped",
+                seconds=round(step, 3),
+                keyturn_offset=round(offset, 3),
+                reference="unavailable" if reference is None else "vault",
+                following="system clock" if offset == 0.0 else "steady time",
+            )
+        elif changed:
+            self._log.warning("clock.offset_changed", keyturn_offset=round(offset, 3))
+        if stepped or changed:
+            self._on_jump(step)
+        return offset
+
+    async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
+        """Check every `interval` seconds (monotonic) until `stop` is set."""
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            except TimeoutError:
+                try:
+                    await self.check()
+                except Exception as exc:  # a broken check must not end the guard
+                    self._log.error("clock.check_failed", error_type=type(exc).__name__)

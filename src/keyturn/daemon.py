@@ -11,14 +11,16 @@ restart too.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
 from prometheus_client import CollectorRegistry
 
 from keyturn.alerts import AlertingObserver
 from keyturn.alerts.build import build_dispatcher
-from keyturn.clock import Clock, SystemClock
+from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.layout import CredentialState, state_path
@@ -95,6 +97,57 @@ async def reload(runtime: Runtime, path: Path) -> bool:
 
 HEARTBEAT_SECONDS = 5.0
 LIVENESS_MAX_AGE = 60.0
+VAULT_RECHECK_SECONDS = 1.0  # how often a Vault that failed runs is asked whether it is back
+CLOCK_CHECK_SECONDS = 1.0
+
+
+async def vault_server_time(config: Config) -> float | None:
+    """Vault's own clock (`sys/health` `server_time_utc`, unauthenticated), or None."""
+    vault = config.vault
+    verify: str | bool = str(vault.ca_cert) if vault.ca_cert else True
+    try:
+        async with httpx.AsyncClient(verify=verify, timeout=2.0) as http:
+            response = await http.get(
+                vault.address.rstrip("/") + "/v1/sys/health",
+                params={"standbyok": "true", "sealedcode": "200", "uninitcode": "200"},
+            )
+        value = response.json().get("server_time_utc")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def wake_when_vault_returns(
+    runtime: Runtime, scheduler: CredentialScheduler, stop: asyncio.Event
+) -> None:
+    """Runs that failed because Vault was down or sealed run again the moment Vault answers,
+    not when their backoff ends: every second of that gap is a second apps may read an expired
+    token."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=VAULT_RECHECK_SECONDS)
+        if stop.is_set() or not scheduler.waiting_for_vault:
+            continue
+        try:
+            await runtime.store.health()
+        except KeyturnError:
+            continue
+        woken = scheduler.wake(sorted(scheduler.waiting_for_vault))
+        scheduler.waiting_for_vault.clear()
+        log.info("vault.back", credentials_woken=len(woken))
+
+
+@contextlib.asynccontextmanager
+async def background(*loops: Callable[[asyncio.Event], Awaitable[None]]) -> AsyncIterator[None]:
+    """Plain asyncio loops beside the scheduler (they must not depend on its wall-clock plans);
+    stopped and awaited on exit."""
+    stop = asyncio.Event()
+    tasks = [asyncio.ensure_future(loop(stop)) for loop in loops]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def run_daemon(
@@ -151,7 +204,7 @@ async def run_daemon(
             config.metrics,
             registry,
             alive=HeartbeatLiveness(
-                lambda: metrics.last_heartbeat, clock=clock, max_age=LIVENESS_MAX_AGE
+                lambda: metrics.last_heartbeat_monotonic, clock=clock, max_age=LIVENESS_MAX_AGE
             ),
             ready=readiness_check(
                 vault=runtime.store.health, observer=metrics, credentials=lambda: list(runtime.jobs)
@@ -167,6 +220,16 @@ async def run_daemon(
         runtime.observers.add(AlertingObserver(dispatcher))
         await dispatcher.start()
         await server.start()
+        loops: list[Callable[[asyncio.Event], Awaitable[None]]] = [
+            lambda stop: wake_when_vault_returns(runtime, scheduler, stop)
+        ]
+        if isinstance(clock, SystemClock):
+            guard = WallClockGuard(
+                clock,
+                reference=lambda: vault_server_time(config),
+                on_jump=lambda _step: scheduler.replan(),
+            )
+            loops.append(lambda stop: guard.run(stop, CLOCK_CHECK_SECONDS))
         try:
             metrics.heartbeat()
             scheduler.start()
@@ -181,7 +244,8 @@ async def run_daemon(
                 runtime_out.append(runtime)
             if started is not None:
                 started.set()
-            await _serve(runtime, stop, reload_requests, notifier)
+            async with background(*loops):
+                await _serve(runtime, stop, reload_requests, notifier)
             notifier.stopping(status="stopping: letting in-flight runs finish")
             log.info("daemon.stopping")
             drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)

@@ -11,6 +11,7 @@
     │   └── VaultDataError ........ a stored value is missing or malformed
     ├── ProviderError .......... the service (token endpoint, probe, rotator APIs)
     │   ├── ProviderUnavailable ... network error, time-out, 5xx          (retryable)
+    │   │                           carries `retry_after`, `answer_lost`
     │   ├── RateLimited ........... 429, carries `retry_after`            (retryable)
     │   ├── OAuthError ............ an RFC 6749 §5.2 error, carries `error` (e.g. invalid_grant)
     │   └── MalformedResponse ..... a response keyturn cannot trust (carries the field)
@@ -83,12 +84,31 @@ class ProviderError(KeyturnError):
 
 
 class ProviderUnavailable(ProviderError):
+    """No usable answer: a network error, a time-out or a 5xx.
+
+    `status`: the HTTP status when one was received (5xx), else None. `retry_after`: seconds
+    from a valid Retry-After on that answer, else None. `answer_lost`: True when the request
+    may have reached the provider and been processed but no complete answer was read (read or
+    write time-out, the total deadline expiring once the request started to leave, the server
+    closing the connection); False when it certainly never left (connection refused, connect
+    or pool time-out) or when a status was received. A token request whose answer was lost
+    may have consumed a rotated refresh token.
+    """
+
     retryable = True
 
     def __init__(
-        self, message: str, *, credential: str | None = None, status: int | None = None
+        self,
+        message: str,
+        *,
+        credential: str | None = None,
+        status: int | None = None,
+        retry_after: float | None = None,
+        answer_lost: bool = False,
     ) -> None:
         self.status = status
+        self.retry_after = retry_after
+        self.answer_lost = answer_lost
         super().__init__(message, credential=credential)
 
 
@@ -112,12 +132,13 @@ class OAuthError(ProviderError):
         credential: str | None = None,
         description: str | None = None,
         status: int | None = None,
+        endpoint: str = "token endpoint",
     ) -> None:
         self.error = error
         self.description = description
         self.status = status
         detail = f" ({description})" if description else ""
-        super().__init__(f"token endpoint returned {error}{detail}", credential=credential)
+        super().__init__(f"{endpoint} returned {error}{detail}", credential=credential)
 
 
 class MalformedResponse(ProviderError):

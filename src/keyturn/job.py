@@ -7,11 +7,18 @@ due now takes the lease (a CAS write naming this instance) and runs the due task
 task saves its progress through the same record, so a crash between any two steps resumes
 from the last saved one. Failures are the task's own: it records them in the record and plans a
 retry with backoff; the other tasks of the job still run.
+
+The lease is short: it covers one step (a provider request bounded by its timeout, and a Vault
+write) and is renewed while the run goes on, and it never outlasts half of what the published
+token has left. So when the instance holding it dies, another one takes over while apps still
+read a valid token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import traceback
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -20,8 +27,15 @@ from keyturn.clock import Clock
 from keyturn.errors import KeyturnError, VaultCasConflict
 from keyturn.events import Observer
 from keyturn.layout import CredentialState, state_path
-from keyturn.policy import BackoffPolicy, backoff_delay
+from keyturn.logs import get_logger
+from keyturn.policy import BackoffPolicy, retry_delay
 from keyturn.vault.store import KvStore
+
+log = get_logger("keyturn.job")
+
+# A lease is never shorter than this, whatever the token has left: a step must be able to
+# start. Renewals come every third of the lease.
+MIN_LEASE = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,25 +52,118 @@ class LeaseHeld(KeyturnError):
     retryable = True
 
 
+class UnexpectedError(KeyturnError):
+    """An exception keyturn did not expect (a bug, or input nobody foresaw). It is a failure of
+    the one credential: recorded, backed off and alerted like any other, never a dead job.
+    Its text names the exception type and where it happened, never the exception's own text
+    (which could hold a value)."""
+
+    retryable = True
+
+
+def unexpected(error: BaseException, *, credential: str, where: str) -> UnexpectedError:
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    log.error(
+        "job.unexpected_error",
+        credential=credential,
+        where=where,
+        error_type=type(error).__name__,
+        frames=[f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}" for f in frames[-6:]],
+    )
+    return UnexpectedError(f"{where}: unexpected {type(error).__name__}{at}", credential=credential)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a credential's record, and for how long each write extends the hold."""
+
+    owner: str
+    seconds: float
+
+    def until(self, state: CredentialState, now: float) -> float:
+        """`now` plus the lease length: `seconds`, but at most half of what the published
+        token has left (at least MIN_LEASE), so a dead holder's lease ends in time for another
+        instance to refresh before apps see an expired token."""
+        length = self.seconds
+        if state.expires_at is not None and state.expires_at > now:
+            length = min(length, max(MIN_LEASE, (state.expires_at - now) / 2))
+        return now + length
+
+
 class Journal:
     """The state record of one run. `save` writes it now, with check-and-set (a durability
     point: nothing may happen before it is stored); `stage` only keeps it for the write that
-    ends the run and releases the lease."""
+    ends the run and releases the lease. With a `lease`, every save also extends the lease, and
+    `keep_alive` renews it while a long step runs. Writes are serialised, so a renewal never
+    races a task's own save for the CAS version."""
 
-    def __init__(self, store: KvStore, path: str, state: CredentialState, version: int) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        path: str,
+        state: CredentialState,
+        version: int,
+        *,
+        clock: Clock | None = None,
+        lease: Lease | None = None,
+    ) -> None:
         self._store = store
         self._path = path
         self.state = state
         self.version = version
+        self._clock = clock
+        self._lease = lease
+        self._lock = asyncio.Lock()
 
     async def save(self, state: CredentialState) -> CredentialState:
-        self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
-        self.state = state
-        return state
+        async with self._lock:
+            if self._lease is not None and self._clock is not None:
+                state = state.with_(
+                    lease_owner=self._lease.owner,
+                    lease_until=self._lease.until(state, self._clock.time()),
+                )
+            self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+            self.state = state
+            return state
 
     def stage(self, state: CredentialState) -> CredentialState:
         self.state = state
         return state
+
+    async def release(self) -> CredentialState:
+        """Write the staged state with the lease given up: the run is over."""
+        async with self._lock:
+            state = self.state.with_(lease_owner=None, lease_until=None)
+            self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+            self.state = state
+            return state
+
+    async def keep_alive(self, stop: asyncio.Event) -> None:
+        """Renew the lease every third of its length until `stop` is set. A lost CAS means
+        another instance took the record: the running step's next save fails the same way."""
+        if self._lease is None or self._clock is None:
+            return
+        clock = self._clock
+        while True:
+            now = clock.time()
+            interval = max(0.5, (self._lease.until(self.state, now) - now) / 3)
+            sleeper = asyncio.ensure_future(clock.sleep(interval))
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                stopper.cancel()
+            if stop.is_set():
+                return
+            try:
+                await self.save(self.state)
+            except VaultCasConflict:
+                log.warning("lease.lost", path=self._path)
+                return
+            except KeyturnError as error:
+                log.warning("lease.renewal_failed", path=self._path, error=str(error))
 
 
 class Task(Protocol):
@@ -94,7 +201,8 @@ class CredentialJob:
         rng: random.Random,
         instance_id: str,
         state_prefix: str,
-        lease_seconds: float = 120.0,
+        lease_seconds: float = 30.0,
+        backoff: BackoffPolicy | None = None,
     ) -> None:
         self.name = name
         self.provider = provider
@@ -106,8 +214,12 @@ class CredentialJob:
         self._rng = rng
         self._instance = instance_id
         self._path = state_path(state_prefix, name)
-        self._lease_seconds = lease_seconds
-        self._unreadable_failures = 0  # backoff while the record cannot even be read
+        self._lease = Lease(instance_id, lease_seconds)
+        self._backoff = backoff or BackoffPolicy()
+        # Failures outside any task (the record cannot be read, the lease cannot be taken or
+        # released), and the last state read, whose token bounds the retry delay.
+        self._job_failures = 0
+        self._last_state = CredentialState()
 
     def task(self, name: str) -> Task | None:
         return next((t for t in self.tasks if t.name == name), None)
@@ -120,7 +232,22 @@ class CredentialJob:
     ) -> Outcome:
         """Run what is due (and the tasks named in `force`; `True` forces them all), else plan
         the next run. `prepare` changes the journal under the lease before the tasks run (e.g.
-        `keyturn import-key`). Never raises a KeyturnError: failures come back in the Outcome."""
+        `keyturn import-key`). Never raises: failures, expected or not, come back in the
+        Outcome."""
+        try:
+            return await self._run(force, prepare)
+        except Exception as exc:  # a bug must cost one credential one retry, not its job
+            error = (
+                exc
+                if isinstance(exc, KeyturnError)
+                else unexpected(exc, credential=self.name, where="run")
+            )
+            self._job_failures += 1
+            return self._failure_outcome(self._last_state, error, self._job_failures)
+
+    async def _run(
+        self, force: bool | Collection[str], prepare: Callable[[Journal], None] | None
+    ) -> Outcome:
         forced = {t.name for t in self.tasks} if force is True else set(force or ())
         try:
             entry = await self._store.read(self._path)
@@ -129,9 +256,9 @@ class CredentialJob:
         except KeyturnError as error:
             # Nothing is written: a record that may hold a refresh token or a key is never
             # overwritten blindly.
-            self._unreadable_failures += 1
-            return self._failure_outcome(CredentialState(), error, self._unreadable_failures)
-        self._unreadable_failures = 0
+            self._job_failures += 1
+            return self._failure_outcome(self._last_state, error, self._job_failures)
+        self._last_state = state
         self._observer.restored(
             self.name,
             self.provider,
@@ -144,28 +271,41 @@ class CredentialJob:
         now = self._clock.time()
         dues = [await t.due(state, now, t.name in forced) for t in self.tasks]
         if not any(due <= now for due in dues):
+            self._job_failures = 0
             return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
         if state.lease_held_by_other(self._instance, now):
             return self._lease_held(state, state.lease_until or now)
-        journal = Journal(self._store, self._path, state, version)
+        journal = Journal(
+            self._store, self._path, state, version, clock=self._clock, lease=self._lease
+        )
         try:
-            await journal.save(
-                state.with_(lease_owner=self._instance, lease_until=now + self._lease_seconds)
-            )
+            await journal.save(state)  # takes the lease; CAS proves the read was current
         except VaultCasConflict:
             return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
         except KeyturnError as error:
-            return self._failure_outcome(state, error, state.consecutive_failures + 1)
-        if prepare is not None:
-            try:
-                prepare(journal)
-                await journal.save(journal.state)  # e.g. an imported key: stored before use
-            except KeyturnError as error:
-                await journal.save(journal.state.with_(lease_owner=None, lease_until=None))
-                return Outcome("refused", now, journal.state, error)
-        return await self._run_tasks(journal, forced)
+            self._job_failures += 1
+            return self._failure_outcome(state, error, self._job_failures)
+        stop = asyncio.Event()
+        keeper = asyncio.ensure_future(journal.keep_alive(stop))
+        try:
+            if prepare is not None:
+                try:
+                    prepare(journal)
+                    await journal.save(journal.state)  # e.g. an imported key: stored before use
+                except KeyturnError as refused:
+                    stop.set()
+                    await keeper
+                    await journal.release()
+                    return Outcome("refused", now, journal.state, refused)
+            action, failure = await self._run_tasks(journal, forced)
+        finally:
+            stop.set()
+            await keeper
+        return await self._finish(journal, action, failure)
 
-    async def _run_tasks(self, journal: Journal, forced: set[str]) -> Outcome:
+    async def _run_tasks(
+        self, journal: Journal, forced: set[str]
+    ) -> tuple[str, KeyturnError | None]:
         action, error = "fresh", None
         for task in self.tasks:
             now = self._clock.time()
@@ -173,20 +313,32 @@ class CredentialJob:
                 continue
             try:
                 action = await task.step(journal)
-            except KeyturnError as exc:
-                action, error = "failed", exc
-                state, failures = task.failed(journal.state, exc, self._clock.time())
-                self._observer.failed(self.name, self.provider, self.kind, exc, failures)
+            except Exception as exc:
+                if isinstance(exc, KeyturnError):
+                    failure: KeyturnError = exc
+                else:
+                    failure = unexpected(exc, credential=self.name, where=task.name)
+                action, error = "failed", failure
+                state, failures = task.failed(journal.state, failure, self._clock.time())
+                self._observer.failed(self.name, self.provider, self.kind, failure, failures)
                 journal.stage(state)
-        released = journal.state.with_(lease_owner=None, lease_until=None)
+        return action, error
+
+    async def _finish(self, journal: Journal, action: str, error: KeyturnError | None) -> Outcome:
         try:
-            await journal.save(released)
+            await journal.release()
         except KeyturnError as exc:
-            error = error or exc  # the lease expires by itself
+            # The lease expires by itself. What was staged is not stored: the next run reads
+            # the record again; it backs off like any failure so a broken Vault is no hot loop.
+            self._job_failures += 1
+            return self._failure_outcome(
+                journal.state, error or exc, self._job_failures, report=error is None
+            )
+        self._job_failures = 0
+        self._last_state = journal.state
         now = self._clock.time()
         dues = [await t.due(journal.state, now, False) for t in self.tasks]
-        # A task that could not save its retry time must not be re-run in a hot loop.
-        next_due = max(min(dues, default=now + 3600), now + 0.5 if error else now)
+        next_due = min(dues, default=now + 3600)
         return self._planned(Outcome(action, next_due, journal.state, error))
 
     def _planned(self, outcome: Outcome) -> Outcome:
@@ -200,8 +352,19 @@ class CredentialJob:
         return Outcome("lease_held", until + self._rng.uniform(0.1, 1.0), state, error)
 
     def _failure_outcome(
-        self, state: CredentialState, error: KeyturnError, failures: int
+        self, state: CredentialState, error: KeyturnError, failures: int, *, report: bool = True
     ) -> Outcome:
-        self._observer.failed(self.name, self.provider, self.kind, error, failures)
-        due = self._clock.time() + backoff_delay(failures, BackoffPolicy(), self._rng)
+        """A failure outside any task: the credential's own backoff, bounded by what the token
+        apps read has left. (`report=False`: a task already reported this run's failure.)"""
+        if report:
+            self._observer.failed(self.name, self.provider, self.kind, error, failures)
+        now = self._clock.time()
+        remaining = state.expires_at - now if state.expires_at is not None else None
+        due = now + retry_delay(
+            failures,
+            self._backoff,
+            self._rng,
+            retry_after=getattr(error, "retry_after", None),
+            remaining=remaining,
+        )
         return self._planned(Outcome("failed", due, state, error))

@@ -14,18 +14,24 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from keyturn.clock import Clock
 from keyturn.errors import KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import Observer
 from keyturn.job import CredentialJob, Journal
 from keyturn.layout import CredentialState, api_key_published_fields, published_metadata
+from keyturn.logs import get_logger
+from keyturn.policy import BackoffPolicy
 from keyturn.providers.client import ProviderClient
+from keyturn.providers.tokens import TokenResponse
 from keyturn.refresher import publish_with_cas, verify_with_probe
 from keyturn.rotation import KeyRotation, RotationSettings
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 from keyturn.vault.store import KvStore
+
+log = get_logger("keyturn.kinds")
 
 InitialKey = Callable[[], Awaitable[tuple[Secret, str | None] | None]]
 
@@ -46,7 +52,8 @@ def api_key_job(
     instance_id: str,
     state_prefix: str,
     initial_key: InitialKey | None = None,
-    lease_seconds: float = 120.0,
+    lease_seconds: float = 30.0,
+    backoff: BackoffPolicy | None = None,
     pause_at: str | None = None,
 ) -> CredentialJob:
     async def verify(key: Secret) -> None:
@@ -113,6 +120,7 @@ def api_key_job(
         instance_id=instance_id,
         state_prefix=state_prefix,
         lease_seconds=lease_seconds,
+        backoff=backoff or settings.backoff,
     )
 
 
@@ -144,6 +152,30 @@ class RepublishKey:
         return state.with_(rotation_error=str(error)), state.rotation_failures + 1
 
 
+async def revoke_verification_grant(
+    client: ProviderClient, name: str, token: TokenResponse, client_id: str, secret: Secret
+) -> None:
+    """A verification grant is only a test of the new secret: nothing keeps its tokens, so they
+    are revoked (RFC 7009) where the provider offers it, the refresh token first (that revokes
+    its family), instead of leaving a live family behind at every rotation. Best effort."""
+    tokens: list[tuple[Secret, Literal["refresh_token", "access_token"]]] = [
+        (token.access_token, "access_token")
+    ]
+    if token.refresh_token is not None:
+        tokens.insert(0, (token.refresh_token, "refresh_token"))
+    for value, hint in tokens:
+        try:
+            revoked = await client.revoke_token(
+                name, token=value, token_type_hint=hint, client_id=client_id, client_secret=secret
+            )
+        except KeyturnError as error:
+            log.warning("verification_grant.revoke_failed", credential=name, error=str(error))
+            return
+        if not revoked:
+            log.info("verification_grant.not_revoked", credential=name, reason="no revoke_path")
+            return
+
+
 def client_secret_rotation(
     name: str,
     *,
@@ -160,11 +192,12 @@ def client_secret_rotation(
     pause_at: str | None = None,
 ) -> KeyRotation:
     async def verify(secret: Secret) -> None:
+        the_id = await client_id()
         try:
             token = await client.request_token(
                 name,
                 grant_type="client_credentials",
-                client_id=await client_id(),
+                client_id=the_id,
                 client_secret=secret,
                 scope=scope,
             )
@@ -176,16 +209,19 @@ def client_secret_rotation(
                 credential=name,
                 status=error.status,
             ) from error
-        if probe:
-            await verify_with_probe(
-                client,
-                observer,
-                credential=name,
-                provider=provider,
-                probe=probe,
-                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
-                what="token (from the new client secret)",
-            )
+        try:
+            if probe:
+                await verify_with_probe(
+                    client,
+                    observer,
+                    credential=name,
+                    provider=provider,
+                    probe=probe,
+                    authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                    what="token (from the new client secret)",
+                )
+        finally:
+            await revoke_verification_grant(client, name, token, the_id, secret)
 
     async def the_client_id() -> str | None:
         return await client_id()

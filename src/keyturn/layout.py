@@ -68,6 +68,10 @@ class CredentialState:
     """keyturn's private record for one credential. Times are epoch seconds."""
 
     refresh_token: Secret | None = None
+    # Set (to a random attempt id) before the refresh token is presented, cleared once the
+    # answer is stored: a record found with it set means the answer was lost (crash, time-out),
+    # the provider may have rotated the token, and it must never be presented again.
+    refresh_in_flight: str | None = None
     issued_at: float | None = None
     expires_at: float | None = None
     scope: str | None = None

@@ -73,6 +73,36 @@ def backoff_delay(
     return delay
 
 
+# While the published token is still valid, no retry waits longer than this share of what is
+# left of it (nor less than URGENT_FLOOR seconds): attempts grow denser as expiry nears, so the
+# first attempt after an outage ends comes before the token expires.
+URGENT_SHARE = 0.25
+URGENT_FLOOR = 1.0
+
+
+def retry_delay(
+    failures: int,
+    policy: BackoffPolicy,
+    rng: random.Random,
+    *,
+    retry_after: float | None = None,
+    remaining: float | None = None,
+) -> float:
+    """Seconds to wait before retrying a credential after its `failures`-th failure.
+
+    The credential's backoff, capped by `URGENT_SHARE` of the `remaining` lifetime of the
+    token apps read now (never below `URGENT_FLOOR`), so backoff that has grown during an
+    earlier outage cannot sleep past the expiry of the current token. A server's Retry-After
+    stays a floor: it is the server's explicit request, and hammering it would not help.
+    """
+    delay = backoff_delay(failures, policy, rng)
+    if remaining is not None and remaining > 0:
+        delay = min(delay, max(URGENT_FLOOR, remaining * URGENT_SHARE))
+    if retry_after is not None and retry_after > 0:
+        delay = max(delay, min(retry_after, policy.maximum))
+    return delay
+
+
 def still_valid(expires_at: float, now: float, margin: float) -> bool:
     """Whether a token is good for at least `margin` more seconds."""
     return expires_at - now > margin

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import random
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -36,7 +37,8 @@ from keyturn.errors import (
 from keyturn.events import Observer
 from keyturn.job import CredentialJob, Journal, LeaseHeld, Outcome, Task
 from keyturn.layout import CredentialState, oauth_published_fields, published_metadata
-from keyturn.policy import BackoffPolicy, RefreshPolicy, backoff_delay, refresh_due
+from keyturn.logs import get_logger
+from keyturn.policy import BackoffPolicy, RefreshPolicy, refresh_due, retry_delay
 from keyturn.providers.client import GrantType, ProviderClient
 from keyturn.providers.tokens import TokenResponse, error_label
 from keyturn.secret import Secret
@@ -64,6 +66,23 @@ class OAuthTarget:
     default_lifetime: float = 3600.0
 
 
+log = get_logger("keyturn.refresher")
+
+
+@dataclass(frozen=True, slots=True)
+class Unsaved:
+    """A token answer not yet stored in the record: `attempt` is the in-flight mark it answers
+    (None for a client_credentials grant)."""
+
+    attempt: str | None
+    token: TokenResponse
+    requested_at: float
+
+    def expires_at(self, default_lifetime: float) -> float:
+        lifetime = self.token.expires_in
+        return self.requested_at + (lifetime if lifetime is not None else default_lifetime)
+
+
 # A token living less than this share of the previous one's lifetime counts as drift.
 DRIFT_LIFETIME_RATIO = 0.5
 
@@ -86,7 +105,10 @@ def outcome_label(error: BaseException) -> str:
 
 
 def retry_after(error: KeyturnError) -> float | None:
-    return error.retry_after if isinstance(error, RateLimited) else None
+    """A server's Retry-After carried by a 429 or a 5xx, if any."""
+    if isinstance(error, (RateLimited, ProviderUnavailable)):
+        return error.retry_after
+    return None
 
 
 async def verify_with_probe(
@@ -149,10 +171,13 @@ class TokenRefresh:
         self._rng = rng
         self._instance = instance_id
         self._confirmed_version: int | None = None  # published version known to be ours
+        self._unsaved: Unsaved | None = None  # an answer Vault failed to store
 
     async def due(self, state: CredentialState, now: float, force: bool) -> float:
         if force or state.phase == "pending" or state.next_due is None:
             return now
+        if self._unsaved is not None or state.refresh_in_flight is not None:
+            return now  # an answer to store, or a refresh token to retire, before anything else
         if state.phase != "ok":
             return state.next_due  # failing or expired: the retry time
         if state.published_version != self._confirmed_version:
@@ -165,18 +190,29 @@ class TokenRefresh:
 
     async def step(self, journal: Journal) -> str:
         state = journal.state
-        requested_at = self._clock.time()
-        token, state = await self._obtain_token(state)
+        now = self._clock.time()
+        token: TokenResponse | None = None
+        requested_at = now
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is not None and unsaved.attempt == state.refresh_in_flight:
+            # The last run got an answer but could not store it (Vault failed): store it before
+            # anything else. Its refresh token is the live one; the one in the record is used.
+            state = await self._store_answer(journal, state, unsaved)
+            if unsaved.expires_at(self.target.default_lifetime) - now > self.target.refresh.margin:
+                token, requested_at = unsaved.token, unsaved.requested_at
+        elif state.refresh_in_flight is not None:
+            state = await self._burn(journal, state, "the answer to its last use was lost")
+        if token is None:
+            token, state = await self._obtain_token(journal, state)
+            state = await self._store_answer(
+                journal, state, Unsaved(state.refresh_in_flight, token, requested_at)
+            )
         lifetime = (
             token.expires_in if token.expires_in is not None else self.target.default_lifetime
         )
         # Apps read expires_at in whole seconds (rounded down): plan from that same instant.
         issued_at, expires_at = requested_at, float(math.floor(requested_at + lifetime))
         self._check_drift(state, token, lifetime)
-        if token.refresh_token is not None:
-            state = state.with_(refresh_token=token.refresh_token)
-        # Promise 2: the rotated refresh token is durable before any access token is published.
-        state = await journal.save(state)
 
         if self.target.probe:
             await verify_with_probe(
@@ -209,6 +245,53 @@ class TokenRefresh:
         )
         return "refreshed"
 
+    async def _store_answer(
+        self, journal: Journal, state: CredentialState, answer: Unsaved
+    ) -> CredentialState:
+        """Promise 2: the rotated refresh token is durable before any access token is
+        published. If Vault fails here the answer is kept in memory and stored first next run
+        (the in-flight mark stays in the record, so a restart treats the old token as used)."""
+        refresh_token = answer.token.refresh_token or state.refresh_token
+        try:
+            return await journal.save(
+                state.with_(refresh_token=refresh_token, refresh_in_flight=None)
+            )
+        except KeyturnError:
+            self._unsaved = answer
+            raise
+
+    async def _burn(self, journal: Journal, state: CredentialState, why: str) -> CredentialState:
+        """A refresh token whose answer was lost may have been rotated by the provider: never
+        present it again (the provider would see reuse and revoke the family). Drop it, revoke
+        it where the provider offers RFC 7009, and let the next grant be client_credentials."""
+        burned = state.refresh_token
+        log.warning("refresh_token.lost", credential=self.target.name, reason=why)
+        state = await journal.save(state.with_(refresh_token=None, refresh_in_flight=None))
+        if burned is not None:
+            await self._revoke(burned)
+        return state
+
+    async def _revoke(self, token: Secret) -> None:
+        """Best effort: a failure here is logged; the family then lives out its lifetime."""
+        try:
+            client_id, client_secret = await self._inputs(self.target.name, False)
+            revoked = await self._client.revoke_token(
+                self.target.name,
+                token=token,
+                token_type_hint="refresh_token",
+                client_id=client_id,
+                client_secret=client_secret,
+            )
+        except KeyturnError as error:
+            log.warning(
+                "refresh_token.revoke_failed", credential=self.target.name, error=str(error)
+            )
+            return
+        log.info(
+            "refresh_token.revoked" if revoked else "refresh_token.not_revoked",
+            credential=self.target.name,
+        )
+
     def _check_drift(self, state: CredentialState, token: TokenResponse, lifetime: float) -> None:
         """Grant drift: a token not what was asked for, or much shorter-lived than usual."""
         asked, granted = _scopes(self.target.scope), _scopes(token.scope)
@@ -237,8 +320,15 @@ class TokenRefresh:
         self, state: CredentialState, error: KeyturnError, now: float
     ) -> tuple[CredentialState, int]:
         failures = state.consecutive_failures + 1
-        delay = backoff_delay(failures, self.target.backoff, self._rng, retry_after(error))
-        expired = state.expires_at is not None and state.expires_at <= now
+        remaining = state.expires_at - now if state.expires_at is not None else None
+        delay = retry_delay(
+            failures,
+            self.target.backoff,
+            self._rng,
+            retry_after=retry_after(error),
+            remaining=remaining,
+        )
+        expired = remaining is not None and remaining <= 0
         state = state.with_(
             consecutive_failures=failures,
             last_error=str(error),
@@ -247,12 +337,35 @@ class TokenRefresh:
         )
         return state, failures
 
-    async def _obtain_token(self, state: CredentialState) -> tuple[TokenResponse, CredentialState]:
+    async def _obtain_token(
+        self, journal: Journal, state: CredentialState
+    ) -> tuple[TokenResponse, CredentialState]:
+        client_id, input_secret = await self._inputs(self.target.name, False)
+        # After a client-secret rotation the current secret lives in the journal, not the input.
+        client_secret = state.key if state.key is not None else input_secret
         if state.refresh_token is not None:
+            # The intent is stored before the token leaves: if the answer is lost, the next
+            # run knows the token may be used up.
+            attempt = uuid.uuid4().hex[:16]
+            state = await journal.save(state.with_(refresh_in_flight=attempt))
             try:
-                return await self._grant("refresh_token", state), state
+                token = await self._grant(
+                    "refresh_token", client_id, client_secret, state.refresh_token, state
+                )
+                return token, state
+            except ProviderUnavailable as error:
+                if error.answer_lost:
+                    await self._burn(journal, state, f"no answer to the refresh: {error.message}")
+                else:  # the provider answered (5xx): the token was not used
+                    journal.stage(state.with_(refresh_in_flight=None))
+                raise
+            except MalformedResponse:
+                # A 2xx keyturn cannot read may still have rotated the token.
+                await self._burn(journal, state, "the answer to the refresh was malformed")
+                raise
             except OAuthError as error:
                 if error.error != "invalid_grant":
+                    journal.stage(state.with_(refresh_in_flight=None))
                     raise
                 # The refresh token keyturn alone should hold was refused: it expired, was
                 # revoked, or someone else used it (RFC 9700 reuse detection). Report, drop it.
@@ -264,14 +377,21 @@ class TokenRefresh:
                     "invalid_grant on a refresh token only keyturn should hold; "
                     "falling back to client_credentials",
                 )
-                state = state.with_(refresh_token=None)
-        return await self._grant("client_credentials", state), state
+                state = journal.stage(state.with_(refresh_token=None, refresh_in_flight=None))
+            except KeyturnError:  # rate limited, or refused before the grant: not used
+                journal.stage(state.with_(refresh_in_flight=None))
+                raise
+        token = await self._grant("client_credentials", client_id, client_secret, None, state)
+        return token, state
 
-    async def _grant(self, grant_type: GrantType, state: CredentialState) -> TokenResponse:
-        client_id, input_secret = await self._inputs(self.target.name, False)
-        # After a client-secret rotation the current secret lives in the journal, not the input.
-        client_secret = state.key if state.key is not None else input_secret
-        refresh_token = state.refresh_token if grant_type == "refresh_token" else None
+    async def _grant(
+        self,
+        grant_type: GrantType,
+        client_id: str,
+        client_secret: Secret,
+        refresh_token: Secret | None,
+        state: CredentialState,
+    ) -> TokenResponse:
         try:
             return await self._timed_request(grant_type, client_id, client_secret, refresh_token)
         except OAuthError as error:
@@ -382,7 +502,7 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
     rng: random.Random,
     instance_id: str,
     state_prefix: str,
-    lease_seconds: float = 120.0,
+    lease_seconds: float = 30.0,
     extra_tasks: tuple[Task, ...] = (),
 ) -> CredentialJob:
     """A job for an OAuth credential: the token refresh, then optional tasks (client-secret
@@ -411,4 +531,5 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
         instance_id=instance_id,
         state_prefix=state_prefix,
         lease_seconds=lease_seconds,
+        backoff=target.backoff,
     )

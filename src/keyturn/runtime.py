@@ -31,6 +31,8 @@ from keyturn.vault.client import OnOperation
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
 
+LEASE_SLACK = 10.0
+
 # Test-only: the rotation pauses (so a crash test can SIGKILL it) at this point of its journal.
 PAUSE_VARIABLE = "KEYTURN_TEST_PAUSE_AT"
 
@@ -40,6 +42,7 @@ def provider_settings(provider: ProviderConfig) -> ProviderSettings:
         name=provider.name,
         base_url=provider.base_url,
         token_path=provider.token_path,
+        revoke_path=provider.revoke_path,
         token_request=provider.token_request,
         client_auth=provider.client_auth,
         timeout=provider.timeout,
@@ -150,7 +153,9 @@ async def _build(jobs: JobSet, context: Context) -> None:
         jobs.rotators[name] = await build_rotator(
             config.rotators[name], providers=config.providers, resolver=resolver, clock=clock
         )
-    lease = 2 * max((p.timeout for p in config.providers.values()), default=30.0) + 60
+    # The lease covers one step (a provider request, bounded by its timeout, and a Vault
+    # write); runs renew it while they go on, so a dead holder's lease ends soon.
+    lease = max((p.timeout for p in config.providers.values()), default=10.0) + LEASE_SLACK
     instance = context.instance_id or config.keyturn.instance_id
     pause_at = context.environ.get(PAUSE_VARIABLE)  # crash tests only
     for credential in config.credentials:
@@ -184,6 +189,7 @@ async def _build(jobs: JobSet, context: Context) -> None:
                 state_prefix=config.keyturn.state_prefix,
                 initial_key=functools.partial(inputs.initial_key, name),
                 lease_seconds=lease,
+                backoff=credential.backoff,
                 pause_at=pause_at,
             )
             continue

@@ -13,13 +13,14 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.date import DateTrigger
 
 from keyturn.clock import Clock
+from keyturn.errors import VaultAuthError, VaultUnavailable
 from keyturn.job import Outcome
 from keyturn.layout import CredentialState
 from keyturn.logs import get_logger
@@ -71,6 +72,9 @@ class CredentialScheduler:
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
         )
         self._periodic: dict[str, Callable[[], Awaitable[float]]] = {}
+        # Credentials whose last run failed on Vault (down, sealed, token refused): they run
+        # again as soon as Vault answers (`wake`), not when their backoff ends.
+        self.waiting_for_vault: set[str] = set()
 
     @property
     def status(self) -> dict[str, JobStatus]:
@@ -118,6 +122,27 @@ class CredentialScheduler:
             self._plan(name, now)
         return {"added": added, "removed": removed, "changed": rerun}
 
+    def wake(self, names: Iterable[str]) -> list[str]:
+        """Run these credentials now (e.g. Vault answers again); the semaphore still bounds how
+        many run at once. Returns the names planned."""
+        now = self._clock.time()
+        planned = [name for name in names if name in self._jobs]
+        for name in planned:
+            self._plan(name, now)
+        return planned
+
+    def replan(self) -> None:
+        """After a wall-clock jump every timer set before it is wrong, and so may be every time
+        a plan was computed from: each credential runs now (reading its record, it plans again
+        against the clock as it is now; the semaphore bounds the burst), and each housekeeping
+        job too."""
+        now = self._clock.time()
+        for name, status in self._status.items():
+            if not status.running:
+                self._plan(name, now)
+        for name in self._periodic:
+            self._plan_periodic(name, now)
+
     async def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` for the runs in progress now to finish; True if they did."""
         tasks = set(self._in_flight)
@@ -141,13 +166,19 @@ class CredentialScheduler:
             self._scheduler.shutdown(wait=False)
         return not pending
 
+    def _run_date(self, due: float) -> datetime:
+        """APScheduler's date for `due` on keyturn's clock: planned as a delay from now, so a
+        plan does not move when the system's wall clock is stepped (APScheduler then sleeps on
+        the event loop's monotonic clock; `replan` re-anchors plans after a detected jump)."""
+        return datetime.now(UTC) + timedelta(seconds=max(0.0, due - self._clock.time()))
+
     def _plan(self, name: str, due: float) -> None:
         if not self._accepting or name not in self._jobs:
             return  # shutting down, or the credential was removed by a reload
         self._status[name].next_due = due
         self._scheduler.add_job(
             self._fire,
-            trigger=DateTrigger(run_date=datetime.fromtimestamp(due, tz=UTC)),
+            trigger=DateTrigger(run_date=self._run_date(due)),
             args=[name, due],
             id=f"credential:{name}",
             name=name,
@@ -187,6 +218,10 @@ class CredentialScheduler:
             finally:
                 status.running = False
             status.last_outcome = outcome
+            if isinstance(outcome.error, (VaultUnavailable, VaultAuthError)):
+                self.waiting_for_vault.add(name)
+            else:
+                self.waiting_for_vault.discard(name)
             self._plan(name, outcome.next_due)
             return outcome
 
@@ -195,7 +230,7 @@ class CredentialScheduler:
             return
         self._scheduler.add_job(
             self._fire_periodic,
-            trigger=DateTrigger(run_date=datetime.fromtimestamp(due, tz=UTC)),
+            trigger=DateTrigger(run_date=self._run_date(due)),
             args=[name],
             id=f"periodic:{name}",
             name=name,

@@ -202,11 +202,23 @@ def test_liveness_from_the_heartbeat() -> None:
     alive = HeartbeatLiveness(lambda: beat[-1] if beat else None, clock=clock, max_age=30)
     assert alive() == (True, "starting: no heartbeat yet")
     clock.advance(10)
-    beat.append(clock.time())
+    beat.append(clock.monotonic())
     clock.advance(2.5)
     assert alive() == (True, "scheduler heartbeat 2.5 s ago")
     clock.advance(28)
     assert alive() == (False, "scheduler loop stalled: last heartbeat 30 s ago (limit 30 s)")
+
+
+def test_a_wall_clock_step_changes_no_heartbeat_age() -> None:
+    clock = FakeClock()
+    observer = PrometheusObserver(CollectorRegistry(), clock)
+    alive = HeartbeatLiveness(lambda: observer.last_heartbeat_monotonic, clock=clock, max_age=30)
+    observer.heartbeat()
+    clock.advance(2)
+    clock.step_wall(-300)  # the clock is stepped back: the age stays 2 s, not -298 s
+    assert alive() == (True, "scheduler heartbeat 2.0 s ago")
+    clock.step_wall(+600)  # and forward: not a stalled loop either
+    assert alive() == (True, "scheduler heartbeat 2.0 s ago")
 
 
 def test_a_loop_that_never_beats_is_not_alive_after_the_grace() -> None:
@@ -275,7 +287,7 @@ async def test_the_real_checks_behind_the_server(serve: Serve) -> None:
     store = FakeVaultStore(clock=clock)
     _, client = await serve(
         registry=registry,
-        alive=HeartbeatLiveness(lambda: observer.last_heartbeat, clock=clock, max_age=60),
+        alive=HeartbeatLiveness(lambda: observer.last_heartbeat_monotonic, clock=clock, max_age=60),
         ready=readiness_check(
             vault=store.health, observer=observer, credentials=lambda: ["reporting"]
         ),

@@ -363,7 +363,7 @@ CREATE_ERRORS: list[
         "429",
         answer(429, {}, **{"Retry-After": "7"}),
         RateLimited,
-        "rate limited (429), retry after 7.0s",
+        "rate limited (429), retry after 7s",
     ),
     (
         "network",

@@ -23,7 +23,8 @@ MAX_PROBLEMS = 20  # a readiness answer stays short even with 10,000 credentials
 
 
 class HeartbeatLiveness:
-    """Alive while the last heartbeat is at most `max_age` seconds old.
+    """Alive while the last heartbeat is at most `max_age` seconds old, on the monotonic
+    clock (`last_beat` returns `clock.monotonic()` of the beat).
 
     Before the first heartbeat the process counts as starting, and is alive for `max_age`
     seconds from construction: a loop that never beats at all is stalled too.
@@ -37,10 +38,10 @@ class HeartbeatLiveness:
         self._last_beat = last_beat
         self._clock = clock
         self._max_age = max_age
-        self._started = clock.time()
+        self._started = clock.monotonic()
 
     def __call__(self) -> tuple[bool, str]:
-        now = self._clock.time()
+        now = self._clock.monotonic()
         beat = self._last_beat()
         limit = f"limit {self._max_age:g} s"
         if beat is None:

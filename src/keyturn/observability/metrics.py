@@ -121,6 +121,7 @@ class PrometheusObserver:
         self._credentials: dict[str, CredentialMetrics] = {}
         self._vault_token: tuple[float | None, bool] = (None, False)
         self._heartbeat: float | None = None
+        self._heartbeat_monotonic: float | None = None
         # Every (counter, label values) series of each credential, for `forget`.
         self._series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
 
@@ -259,10 +260,18 @@ class PrometheusObserver:
         """The scheduler loop is alive now."""
         with self._lock:
             self._heartbeat = self._clock.time()
+            self._heartbeat_monotonic = self._clock.monotonic()
 
     @property
     def last_heartbeat(self) -> float | None:
+        """Wall time of the last beat (the exported timestamp)."""
         return self._heartbeat
+
+    @property
+    def last_heartbeat_monotonic(self) -> float | None:
+        """Monotonic time of the last beat: what liveness measures ages with, so a wall-clock
+        step never makes the loop look stalled or gives a negative age."""
+        return self._heartbeat_monotonic
 
     def credentials_configured(self, count: int) -> None:
         self._credentials_configured.set(count)

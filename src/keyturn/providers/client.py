@@ -1,14 +1,16 @@
-"""One pooled async HTTP client per provider: token requests and probes.
+"""One pooled async HTTP client per provider: token requests, probes, RFC 7009 revocation.
 
 httpx errors are translated here (network → ProviderUnavailable, 5xx → ProviderUnavailable,
-429 → RateLimited with Retry-After, RFC 6749 error bodies → OAuthError), so nothing above
-this module sees httpx. Bodies are read with a size bound. Secrets are revealed only into the
-request being built.
+429 → RateLimited, both with Retry-After, RFC 6749 error bodies → OAuthError), so nothing
+above this module sees httpx, and nothing but a KeyturnError leaves it whatever the provider
+sends. Each request runs under a total deadline (`timeout`) and its body is read with a size
+bound on the decoded bytes. Secrets are revealed only into the request being built.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import quote
@@ -27,6 +29,12 @@ from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_
 from keyturn.secret import Secret
 
 GrantType = Literal["client_credentials", "refresh_token"]
+TokenTypeHint = Literal["refresh_token", "access_token"]
+
+# What an HTTP header value may hold (RFC 9110 §5.5: visible ASCII, space and tab).
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+# The request could not be built from these values (never the provider's fault alone).
+_BUILD_ERRORS = (httpx.InvalidURL, UnicodeError, ValueError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +44,7 @@ class ProviderSettings:
     name: str
     base_url: str
     token_path: str = "/oauth/token"
+    revoke_path: str | None = None  # RFC 7009 endpoint; None: the provider has none
     token_request: Literal["json", "form"] = "json"
     client_auth: Literal["body", "basic"] = "body"
     timeout: float = 10.0
@@ -94,24 +103,55 @@ class ProviderClient:
             fields["refresh_token"] = refresh_token.reveal()
         if scope:
             fields["scope"] = scope
-        headers: dict[str, str] = {"Cache-Control": "no-store"}
-        if self.settings.client_auth == "basic":
-            headers["Authorization"] = basic_credentials(client_id, client_secret)
-        else:
-            fields["client_id"] = client_id
-            fields["client_secret"] = client_secret.reveal()
+        headers = self._client_auth(fields, client_id, client_secret)
+        path = self.settings.token_path
         if self.settings.token_request == "json":
-            request = self._http.build_request(
-                "POST", self.settings.token_path, json=fields, headers=headers
-            )
+            request = self._build(credential, "POST", path, json=fields, headers=headers)
         else:
-            request = self._http.build_request(
-                "POST", self.settings.token_path, data=fields, headers=headers
-            )
+            request = self._build(credential, "POST", path, data=fields, headers=headers)
         status, response_headers, body = await self._send(request, credential)
         if 200 <= status < 300:
             return parse_token_response(body, credential)
-        self._raise_for(status, response_headers, body, credential, (client_secret, refresh_token))
+        self._raise_for(
+            path, status, response_headers, body, credential, (client_secret, refresh_token)
+        )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def revoke_token(
+        self,
+        credential: str,
+        *,
+        token: Secret,
+        token_type_hint: TokenTypeHint,
+        client_id: str,
+        client_secret: Secret,
+    ) -> bool:
+        """RFC 7009: ask the provider to revoke `token`; False if it has no revoke_path.
+
+        The request is a form body (RFC 7009 §2.1 requires one, whatever `token_request` says)
+        authenticated like the token request. Any 2xx is success (§2.2: 200 whether or not the
+        token was known; the body is ignored). 503/5xx and 429 raise ProviderUnavailable and
+        RateLimited with Retry-After (§2.2.1); an RFC 6749 error body raises OAuthError (e.g.
+        `unsupported_token_type`, `invalid_client`); anything else MalformedResponse.
+        """
+        path = self.settings.revoke_path
+        if path is None:
+            return False
+        fields = {"token": token.reveal(), "token_type_hint": token_type_hint}
+        headers = self._client_auth(fields, client_id, client_secret)
+        request = self._build(credential, "POST", path, data=fields, headers=headers)
+        status, response_headers, body = await self._send(request, credential)
+        if 200 <= status < 300:
+            return True
+        self._raise_for(
+            path,
+            status,
+            response_headers,
+            body,
+            credential,
+            (client_secret, token),
+            endpoint="revocation endpoint",
+        )
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def probe(self, credential: str, path: str, authorization: Secret) -> int:
@@ -120,14 +160,52 @@ class ProviderClient:
         Network errors and 5xx raise ProviderUnavailable (the probe says nothing about the
         credential then); 429 raises RateLimited; any other status is returned.
         """
-        request = self._http.build_request(
-            "GET", path, headers={"Authorization": authorization.reveal()}
-        )
+        value = authorization.reveal()
+        if not _HEADER_VALUE.fullmatch(value):
+            raise MalformedResponse(
+                "cannot be sent in an HTTP header (a character outside visible ASCII)",
+                field="authorization",
+                credential=credential,
+            )
+        request = self._build(credential, "GET", path, headers={"Authorization": value})
         status, headers, _body = await self._send(request, credential)
         raise_if_transient(
             status, headers, now=self._clock.time(), where=path, credential=credential
         )
         return status
+
+    def _client_auth(
+        self, fields: dict[str, str], client_id: str, client_secret: Secret
+    ) -> dict[str, str]:
+        """RFC 6749 §2.3.1 as configured: Basic, or client_id/client_secret added to `fields`."""
+        headers: dict[str, str] = {"Cache-Control": "no-store"}
+        if self.settings.client_auth == "basic":
+            headers["Authorization"] = basic_credentials(client_id, client_secret)
+        else:
+            fields["client_id"] = client_id
+            fields["client_secret"] = client_secret.reveal()
+        return headers
+
+    def _build(
+        self,
+        credential: str,
+        method: str,
+        path: str,
+        *,
+        json: dict[str, str] | None = None,
+        data: dict[str, str] | None = None,
+        headers: dict[str, str],
+    ) -> httpx.Request:
+        try:
+            return self._http.build_request(method, path, json=json, data=data, headers=headers)
+        except _BUILD_ERRORS as exc:
+            # The message of a UnicodeError or ValueError can quote the value: not chained.
+            raise MalformedResponse(
+                f"{method} {path}: the request cannot be built from these values "
+                f"({type(exc).__name__})",
+                field="request",
+                credential=credential,
+            ) from None
 
     async def _send(
         self, request: httpx.Request, credential: str
@@ -145,21 +223,24 @@ class ProviderClient:
             where=request.url.path,
             credential=credential,
             oversized=oversized,
+            deadline=self.settings.timeout,
         )
 
     def _raise_for(
         self,
+        where: str,
         status: int,
         headers: httpx.Headers,
         body: bytes,
         credential: str,
         sent: tuple[Secret | None, ...],
+        *,
+        endpoint: str = "token endpoint",
     ) -> None:
-        where = self.settings.token_path
         raise_if_transient(
             status, headers, now=self._clock.time(), where=where, credential=credential
         )
-        error = parse_error_response(body, status, credential, sent)
+        error = parse_error_response(body, status, credential, sent, endpoint=endpoint)
         if error is None:
             raise MalformedResponse(
                 f"HTTP {status} without an RFC 6749 error body", field="body", credential=credential

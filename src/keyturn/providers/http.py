@@ -1,18 +1,50 @@
 """HTTP to a provider, shared by the token client and the http rotator.
 
-One pooled `httpx.AsyncClient` per provider; every response read with a size bound; the
-transient failures (network, time-out, 429, 5xx) translated here into keyturn's errors, so the
-callers only decide what the other statuses mean.
+One pooled `httpx.AsyncClient` per provider; every response read under a total deadline and a
+size bound on the *decoded* body; the transient failures (network, time-out, 429, 5xx)
+translated here into keyturn's errors, so the callers only decide what the other statuses mean.
+
+Bodies are read raw and decoded here, a bounded piece at a time (`gzip` and `deflate` only, the
+two codings keyturn asks for): httpx would decode a whole network chunk at once, and 50 KB of
+gzip can expand to 50 MB. Never more than `limit + 1` decoded bytes exist at any moment.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import math
+import re
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
 from keyturn.errors import KeyturnError, ProviderUnavailable, RateLimited
+
+ACCEPT_ENCODING = "gzip, deflate"
+
+# Failures that happen before a byte of the request can have left: the provider cannot have
+# processed it.
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.UnsupportedProtocol,
+    httpx.ProxyError,
+    httpx.LocalProtocolError,
+)
+# Failures after the request started to leave and before a complete answer was read.
+_ANSWER_LOST = (
+    httpx.ReadTimeout,
+    httpx.WriteTimeout,
+    httpx.ReadError,
+    httpx.WriteError,
+    httpx.RemoteProtocolError,
+)
+_CODING_NAME = re.compile(r"[A-Za-z0-9._+-]{1,32}")
 
 
 def pooled_client(
@@ -30,22 +62,66 @@ def pooled_client(
         ),
         transport=transport,
         follow_redirects=False,
-        headers={"User-Agent": "keyturn", "Accept": "application/json"},
+        headers={
+            "User-Agent": "keyturn",
+            "Accept": "application/json",
+            "Accept-Encoding": ACCEPT_ENCODING,
+        },
     )
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or HTTP-date), None if absent/invalid."""
+    """Seconds from a Retry-After header (delta-seconds or HTTP-date), None if absent/invalid.
+
+    A negative number, a fraction, a non-ASCII digit or a date that cannot be read is invalid;
+    a date in the past is 0.
+    """
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        seconds = when.timestamp() - now
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def format_seconds(seconds: float) -> str:
+    """`30`, `1.5`, `86400`: no `.0`, no exponent."""
+    text = f"{round(seconds, 1):.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _retry_after_text(header: str | None, retry_after: float | None) -> str:
+    if retry_after is not None:
+        return f"retry after {format_seconds(retry_after)}s"
+    return "no valid Retry-After" if header else "no Retry-After"
+
+
+@dataclass(slots=True)
+class _Progress:
+    """How far one request got, from httpcore's `trace` extension and from send()."""
+
+    sending: bool = False  # the request line/headers started to leave
+    answered: bool = False  # a status line and headers were read
+
+    @property
+    def answer_lost(self) -> bool:
+        return self.sending or self.answered
+
+    def follow(self, request: httpx.Request) -> None:
+        previous = request.extensions.get("trace")
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            if name.endswith(".send_request_headers.started"):
+                self.sending = True
+            if previous is not None:
+                await previous(name, info)
+
+        request.extensions["trace"] = trace
 
 
 async def send_bounded(
@@ -56,45 +132,172 @@ async def send_bounded(
     where: str,
     credential: str,
     oversized: Callable[[str], KeyturnError],
+    deadline: float | None = None,
 ) -> tuple[int, httpx.Headers, bytes]:
-    """Send `request` and read at most `limit` bytes of the answer.
+    """Send `request` and read at most `limit` decoded bytes of the answer, all within `deadline`.
+
+    `deadline` (default: the client's read time-out) bounds the whole exchange: waiting for a
+    pooled connection, connecting, sending, and reading every byte of the body. httpx's own
+    time-outs are per operation, so a body trickled a byte at a time would otherwise never time
+    out.
 
     A network error or time-out is ProviderUnavailable, its message starting with `where` (it
-    names the call, never a value); a longer body raises `oversized(description)`.
+    names the call, never a value); its `answer_lost` says whether the provider may have
+    received the request and its answer was lost. A body keyturn refuses (longer than `limit`
+    on the wire or decoded, an encoding other than gzip/deflate, corrupt compressed data)
+    raises `oversized(description)`.
     """
+    total = deadline if deadline is not None else http.timeout.read
+    progress = _Progress()
+    progress.follow(request)
     try:
-        response = await http.send(request, stream=True)
-        try:
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    raise oversized(f"response larger than {limit} bytes")
-                chunks.append(chunk)
-        finally:
-            await response.aclose()
-    except httpx.TimeoutException as exc:
-        timeout = http.timeout.read
+        async with asyncio.timeout(total):
+            response = await http.send(request, stream=True)
+            progress.answered = True
+            try:
+                body = await _read_body(response, limit, oversized)
+            finally:
+                await response.aclose()
+    except TimeoutError as exc:
+        # asyncio.timeout: the total deadline expired.
         raise ProviderUnavailable(
-            f"{where}: timed out after {timeout:g}s" if timeout else f"{where}: timed out",
+            f"{where}: timed out after {format_seconds(total or 0)}s",
             credential=credential,
+            answer_lost=progress.answer_lost,
         ) from exc
     except httpx.HTTPError as exc:
-        raise ProviderUnavailable(f"{where}: {type(exc).__name__}", credential=credential) from exc
-    return response.status_code, response.headers, b"".join(chunks)
+        lost = not isinstance(exc, _NOT_SENT) and (
+            isinstance(exc, _ANSWER_LOST) or progress.answer_lost
+        )
+        if isinstance(exc, httpx.TimeoutException):
+            seconds = http.timeout.read
+            message = (
+                f"{where}: timed out after {format_seconds(seconds)}s"
+                if seconds
+                else f"{where}: timed out"
+            )
+        else:
+            message = f"{where}: {type(exc).__name__}"
+        raise ProviderUnavailable(message, credential=credential, answer_lost=lost) from exc
+    return response.status_code, response.headers, body
+
+
+def _decoder(
+    response: httpx.Response, oversized: Callable[[str], KeyturnError]
+) -> _BoundedDecoder | None:
+    """The decoder for the response's Content-Encoding; None for identity."""
+    header = response.headers.get("Content-Encoding", "")
+    codings = [c.strip().lower() for c in header.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return None
+    if len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
+        return _BoundedDecoder("gzip", oversized)
+    if len(codings) == 1 and codings[0] == "deflate":
+        return _BoundedDecoder("deflate", oversized)
+    shown = ", ".join(c if _CODING_NAME.fullmatch(c) else "?" for c in codings[:4])
+    raise oversized(f"unsupported content encoding {shown!r} (keyturn accepts gzip and deflate)")
+
+
+async def _read_body(
+    response: httpx.Response, limit: int, oversized: Callable[[str], KeyturnError]
+) -> bytes:
+    if response.is_stream_consumed:
+        # A transport that built its response from bytes (a test's httpx.MockTransport) has
+        # had httpx read and decode it already; httpx's network transport never does.
+        if len(response.content) > limit:
+            raise oversized(f"response larger than {limit} bytes")
+        return response.content
+    decoder = _decoder(response, oversized)
+    chunks: list[bytes] = []
+    raw_size = 0
+    size = 0
+    async for chunk in response.aiter_raw():
+        raw_size += len(chunk)
+        if raw_size > limit:
+            raise oversized(f"response larger than {limit} bytes")
+        pieces = [chunk] if decoder is None else decoder.feed(chunk, limit - size + 1)
+        for piece in pieces:
+            size += len(piece)
+            if size > limit:
+                raise oversized(f"response larger than {limit} bytes")
+            chunks.append(piece)
+    if decoder is not None:
+        decoder.finish()
+    return b"".join(chunks)
+
+
+class _BoundedDecoder:
+    """gzip (RFC 1952, several members allowed) or deflate (zlib-wrapped as RFC 9110 says, or
+    raw as some servers send it) decoded a bounded piece at a time: `feed` never returns more
+    than `room` bytes, so a bomb is refused after `limit + 1` decoded bytes whatever its ratio.
+    """
+
+    def __init__(self, coding: str, oversized: Callable[[str], KeyturnError]) -> None:
+        self.coding = coding
+        self._oversized = oversized
+        self._head = b""  # deflate: the first bytes, until the zlib header can be checked
+        self._fed = False
+        self._inflate: Any = zlib.decompressobj(zlib.MAX_WBITS | 16) if coding == "gzip" else None
+
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        """Decode `data`, returning at most `room` (> 0) bytes; returning exactly `room`
+        bytes may leave input undecoded, which is fine: the caller refuses the body then."""
+        self._fed = self._fed or bool(data)
+        if self._inflate is None:
+            self._head += data
+            if len(self._head) < 2:
+                return []
+            data, self._head = self._head, b""
+            self._inflate = zlib.decompressobj(
+                zlib.MAX_WBITS if _zlib_header(data) else -zlib.MAX_WBITS
+            )
+        out: list[bytes] = []
+        while data:
+            if self._inflate.eof:
+                if self.coding != "gzip":
+                    raise self._oversized(f"data after the end of the {self.coding} stream")
+                self._inflate = zlib.decompressobj(zlib.MAX_WBITS | 16)  # the next member
+            try:
+                piece = self._inflate.decompress(data, room)  # room > 0: 0 means unbounded
+            except zlib.error:
+                raise self._oversized(f"{self.coding} data is corrupt") from None
+            out.append(piece)
+            room -= len(piece)
+            if room <= 0:
+                break
+            # Output stopped short of `room`: all input was taken, except what follows the end
+            # of a member.
+            data = self._inflate.unused_data if self._inflate.eof else b""
+        return out
+
+    def finish(self) -> None:
+        """An empty body is fine (a 503 may say gzip and send nothing); a cut one is not."""
+        if self._fed and (self._inflate is None or not self._inflate.eof):
+            raise self._oversized(f"{self.coding} data is truncated")
+
+
+def _zlib_header(data: bytes) -> bool:
+    """RFC 1950 §2.2: CM = 8 (deflate) and the check bits."""
+    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
 
 
 def raise_if_transient(
     status: int, headers: httpx.Headers, *, now: float, where: str, credential: str
 ) -> None:
-    """429 → RateLimited (with Retry-After), 5xx → ProviderUnavailable; else nothing."""
+    """429 → RateLimited, 5xx → ProviderUnavailable, both with Retry-After; else nothing."""
+    if status != 429 and status < 500:
+        return
+    header = headers.get("Retry-After")
+    retry_after = parse_retry_after(header, now)
+    detail = _retry_after_text(header, retry_after)
     if status == 429:
-        retry_after = parse_retry_after(headers.get("Retry-After"), now)
         raise RateLimited(
-            f"{where}: rate limited (429), retry after {retry_after}s",
+            f"{where}: rate limited (429), {detail}",
             credential=credential,
             retry_after=retry_after,
         )
-    if status >= 500:
-        raise ProviderUnavailable(f"{where}: HTTP {status}", credential=credential, status=status)
+    message = f"{where}: HTTP {status}" if header is None else f"{where}: HTTP {status}, {detail}"
+    raise ProviderUnavailable(
+        message, credential=credential, status=status, retry_after=retry_after
+    )

@@ -1,13 +1,17 @@
 """Strict parsing of RFC 6749 token responses (§5.1 success, §5.2 error).
 
 Anything keyturn cannot trust is a `MalformedResponse` naming the field, and nothing is
-published: a missing access_token, a non-numeric, zero or negative expires_in, a token type
-other than Bearer, a body that is not a JSON object.
+published: a body that is not a JSON object (or is nested too deeply to parse), a success body
+that also carries `error`, a missing access_token, a token or token type with a character
+outside RFC 6749's VSCHAR (%x20-7E), a token type other than Bearer, an expires_in that is not
+a positive number of seconds of at most ten years (a string of ASCII digits counts as a
+number: some providers send one). See docs/provider-responses.md.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +38,10 @@ KNOWN_OAUTH_ERRORS = frozenset(
     }
 )
 _ERROR_CODE = re.compile(r"^[\x20-\x21\x23-\x5b\x5d-\x7e]{1,64}$")  # RFC 6749 §5.2 charset
+# RFC 6749 Appendix A: access_token, refresh_token and token_type are 1*VSCHAR.
+_VSCHAR = re.compile(r"[\x20-\x7e]+")
+# Ten years: a longer lifetime is not a lifetime (and would overflow date arithmetic later).
+MAX_EXPIRES_IN = 315_360_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,54 +55,92 @@ class TokenResponse:
     scope: str | None
 
 
+def _load_json(body: bytes) -> Any:
+    """json.loads; ValueError (incl. UnicodeDecodeError) or RecursionError for hostile bodies."""
+    return json.loads(body)
+
+
 def _json_object(body: bytes, credential: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        parsed = _load_json(body)
+    except RecursionError as exc:
+        raise MalformedResponse(
+            "body is nested too deeply", field="body", credential=credential
+        ) from exc
+    except ValueError as exc:
         raise MalformedResponse("body is not JSON", field="body", credential=credential) from exc
     if not isinstance(parsed, dict):
         raise MalformedResponse("body is not a JSON object", field="body", credential=credential)
     return parsed
 
 
+def _token(data: dict[str, Any], field: str, credential: str, *, required: bool) -> str | None:
+    """A string member of VSCHARs, not only spaces; the value never reaches the message."""
+    value = data.get(field)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        missing = "missing or not" if required else "not"
+        raise MalformedResponse(f"{missing} a non-empty string", field=field, credential=credential)
+    if not _VSCHAR.fullmatch(value):
+        raise MalformedResponse(
+            "contains a character outside %x20-7E (RFC 6749 VSCHAR)",
+            field=field,
+            credential=credential,
+        )
+    return value
+
+
+def _lifetime(expires_in: object, credential: str) -> float | None:
+    """expires_in: a JSON number, or a string of ASCII digits; positive, at most ten years."""
+    if expires_in is None:
+        return None
+    if isinstance(expires_in, str) and expires_in.isascii() and expires_in.isdigit():
+        digits = expires_in.lstrip("0") or "0"
+        # More than 10 digits is above the maximum; int() of thousands of digits would raise.
+        expires_in = int(digits) if len(digits) <= 10 else MAX_EXPIRES_IN + 1
+    if isinstance(expires_in, bool) or not isinstance(expires_in, (int, float)):
+        raise MalformedResponse("not a number", field="expires_in", credential=credential)
+    # Compare before converting: float() of a huge int raises OverflowError.
+    if not expires_in > 0 or (isinstance(expires_in, float) and math.isinf(expires_in)):
+        raise MalformedResponse(
+            "must be a positive number of seconds", field="expires_in", credential=credential
+        )
+    if expires_in > MAX_EXPIRES_IN:
+        raise MalformedResponse(
+            f"must be at most {MAX_EXPIRES_IN} seconds", field="expires_in", credential=credential
+        )
+    return float(expires_in)
+
+
 def parse_token_response(body: bytes, credential: str) -> TokenResponse:
     """Parse a 2xx token response body."""
     data = _json_object(body, credential)
 
-    access_token = data.get("access_token")
-    if not isinstance(access_token, str) or not access_token.strip():
+    if data.get("error") is not None:
+        # RFC 6749 §5.1/§5.2: a success and an error at once; trust neither.
         raise MalformedResponse(
-            "missing or not a non-empty string", field="access_token", credential=credential
+            "a success response that also carries an error", field="error", credential=credential
         )
 
+    access_token = _token(data, "access_token", credential, required=True)
+    assert access_token is not None  # required=True
+
     token_type = data.get("token_type")
+    if isinstance(token_type, str) and token_type and not _VSCHAR.fullmatch(token_type):
+        raise MalformedResponse(
+            "contains a character outside %x20-7E (RFC 6749 VSCHAR)",
+            field="token_type",
+            credential=credential,
+        )
     if not isinstance(token_type, str) or token_type.lower() != "bearer":
         shown = token_type if isinstance(token_type, str) and len(token_type) <= 20 else "?"
         raise MalformedResponse(
             f"expected 'Bearer', got {shown!r}", field="token_type", credential=credential
         )
 
-    expires_in = data.get("expires_in")
-    lifetime: float | None = None
-    if expires_in is not None:
-        if isinstance(expires_in, bool) or not isinstance(expires_in, (int, float, str)):
-            raise MalformedResponse("not a number", field="expires_in", credential=credential)
-        try:
-            lifetime = float(expires_in)
-        except ValueError as exc:
-            raise MalformedResponse(
-                "not a number", field="expires_in", credential=credential
-            ) from exc
-        if not lifetime > 0 or lifetime == float("inf"):
-            raise MalformedResponse(
-                "must be a positive number of seconds", field="expires_in", credential=credential
-            )
-
-    refresh_token = data.get("refresh_token")
-    if refresh_token is not None and (not isinstance(refresh_token, str) or not refresh_token):
-        raise MalformedResponse(
-            "not a non-empty string", field="refresh_token", credential=credential
-        )
+    lifetime = _lifetime(data.get("expires_in"), credential)
+    refresh_token = _token(data, "refresh_token", credential, required=False)
 
     scope = data.get("scope")
     if scope is not None and not isinstance(scope, str):
@@ -110,7 +156,12 @@ def parse_token_response(body: bytes, credential: str) -> TokenResponse:
 
 
 def parse_error_response(
-    body: bytes, status: int, credential: str, sent: tuple[Secret | None, ...] = ()
+    body: bytes,
+    status: int,
+    credential: str,
+    sent: tuple[Secret | None, ...] = (),
+    *,
+    endpoint: str = "token endpoint",
 ) -> OAuthError | None:
     """An RFC 6749 §5.2 error from a 4xx body, or None when the body is not one.
 
@@ -118,8 +169,8 @@ def parse_error_response(
     server's text ends up in logs and alerts.
     """
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = _load_json(body)
+    except (ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None
@@ -132,7 +183,11 @@ def parse_error_response(
     if description and any(s and s.reveal() in description for s in sent):
         description = "[description withheld: it echoed a secret]"
     return OAuthError(
-        code, credential=credential, description=description and description[:200], status=status
+        code,
+        credential=credential,
+        description=description and description[:200],
+        status=status,
+        endpoint=endpoint,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs
 
 import httpx
 
@@ -24,6 +25,12 @@ class FakeOAuthServer:
     live_refresh: set[str] = field(default_factory=set)
     used_refresh: list[str] = field(default_factory=list)
     access_tokens: list[str] = field(default_factory=list)
+    # Answers to lose: the grant is processed (a refresh token rotated), then the connection
+    # breaks before the answer arrives, as when the answer is slower than keyturn's timeout.
+    lose_answers: int = 0
+    reuse: int = 0  # used refresh tokens presented again (RFC 9700: the family is revoked)
+    revoked: list[str] = field(default_factory=list)  # tokens revoked through /oauth/revoke
+    _consumed: set[str] = field(default_factory=set)
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def transport(self) -> httpx.MockTransport:
@@ -31,7 +38,16 @@ class FakeOAuthServer:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/oauth/token":
-            return self._token(json.loads(request.content))
+            response = self._token(json.loads(request.content))
+            if self.lose_answers > 0:
+                self.lose_answers -= 1
+                raise httpx.ReadTimeout("answer lost", request=request)
+            return response
+        if request.url.path == "/oauth/revoke":  # RFC 7009: form body, 200 whatever the token
+            token = parse_qs(request.content.decode()).get("token", [""])[0]
+            self.revoked.append(token)
+            self.live_refresh.discard(token)
+            return httpx.Response(200)
         token = request.headers.get("authorization", "").removeprefix("Bearer ")
         if self.probe_status is not None:
             return httpx.Response(self.probe_status)
@@ -46,9 +62,13 @@ class FakeOAuthServer:
         if body["grant_type"] == "refresh_token":
             presented = body["refresh_token"]
             self.used_refresh.append(presented)
+            if presented in self._consumed:
+                self.reuse += 1
+                self.live_refresh.clear()  # reuse revokes the family
             if presented not in self.live_refresh:
                 return httpx.Response(400, json={"error": "invalid_grant"})
             self.live_refresh.discard(presented)
+            self._consumed.add(presented)
         n = next(self._counter)
         access = f"at-{n}-secretvalue"
         self.access_tokens.append(access)

@@ -1,0 +1,401 @@
+"""The promise under faults, over fakes: what a credential's job does when the provider, Vault,
+the clock or keyturn's own code fails. (The same faults over real parts: tests/integration/
+test_faults.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from keyturn.clock import FakeClock, WallClockGuard
+from keyturn.errors import ProviderUnavailable, RateLimited, VaultUnavailable
+from keyturn.job import MIN_LEASE, CredentialJob, Journal, Lease
+from keyturn.layout import CredentialState
+from keyturn.policy import URGENT_FLOOR, URGENT_SHARE, BackoffPolicy, RefreshPolicy, retry_delay
+from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.refresher import OAuthRefresher, OAuthTarget
+from keyturn.scheduler import CredentialScheduler
+from keyturn.secret import Secret
+from keyturn.testing.oauth import FakeOAuthServer
+from keyturn.testing.vault import FakeVaultStore
+
+STATE = "keyturn/state/reporting"
+PUBLISHED = "apps/reporting/acme"
+BACKOFF = BackoffPolicy(initial=1, maximum=300)
+
+
+@dataclass
+class RecordingObserver:
+    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
+
+    def __getattr__(self, name: str):
+        def record(*args: object) -> None:
+            self.calls.append((name, args))
+
+        return record
+
+    def named(self, name: str) -> list[tuple[object, ...]]:
+        return [args for call, args in self.calls if call == name]
+
+
+@dataclass
+class World:
+    clock: FakeClock = field(default_factory=FakeClock)
+    server: FakeOAuthServer = field(default_factory=lambda: FakeOAuthServer(expires_in=60))
+    observer: RecordingObserver = field(default_factory=RecordingObserver)
+    store: FakeVaultStore = field(init=False)
+    on_token_request: list[object] = field(default_factory=list)  # callbacks, run once each
+    bug: BaseException | None = None  # raised by the transport itself, as a bug would be
+
+    def __post_init__(self) -> None:
+        self.store = FakeVaultStore(clock=self.clock)
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if self.bug is not None:
+            raise self.bug
+        try:
+            return self.server.handle(request)
+        finally:
+            if request.url.path == "/oauth/token" and self.on_token_request:
+                self.on_token_request.pop(0)()  # type: ignore[operator]
+
+    def job(self, *, margin: float = 5.0, lease: float = 30.0) -> CredentialJob:
+        client = ProviderClient(
+            ProviderSettings(
+                name="acme", base_url="https://acme.test", revoke_path="/oauth/revoke"
+            ),
+            clock=self.clock,
+            transport=httpx.MockTransport(self.handle),
+        )
+
+        async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
+            return "cid", Secret(self.server.client_secret)
+
+        return OAuthRefresher(
+            OAuthTarget(
+                name="reporting",
+                provider="acme",
+                publish_to=PUBLISHED,
+                refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=margin),
+                backoff=BACKOFF,
+            ),
+            client=client,
+            store=self.store,
+            inputs=inputs,
+            observer=self.observer,
+            clock=self.clock,
+            rng=random.Random(4),
+            instance_id="i-1",
+            state_prefix="keyturn/state",
+            lease_seconds=lease,
+        )
+
+    async def state(self) -> CredentialState:
+        entry = await self.store.read(STATE)
+        assert entry is not None
+        return CredentialState.from_data(entry.data, "reporting")
+
+    async def published(self) -> str:
+        entry = await self.store.read(PUBLISHED)
+        assert entry is not None
+        return entry.data["access_token"]
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+# -- 1. retries are bounded by what the token has left -------------------------------------------
+
+
+def test_retry_delay_never_sleeps_past_a_share_of_the_remaining_lifetime() -> None:
+    rng = random.Random(1)
+    for failures in range(1, 30):
+        for remaining in (3.0, 10.0, 40.0, 600.0):
+            delay = retry_delay(failures, BACKOFF, rng, remaining=remaining)
+            assert delay <= max(URGENT_FLOOR, remaining * URGENT_SHARE)
+    # An expired token (or none) backs off as configured, up to the cap.
+    assert max(retry_delay(12, BACKOFF, rng, remaining=-5) for _ in range(50)) > 100
+
+
+def test_retry_after_stays_a_floor_even_when_the_token_is_short() -> None:
+    delay = retry_delay(1, BACKOFF, random.Random(1), retry_after=30, remaining=8)
+    assert delay == 30
+
+
+async def test_a_long_outage_does_not_push_the_retry_past_the_tokens_expiry(world: World) -> None:
+    job = world.job()
+    first = await job.run()
+    expires_at = (await world.state()).expires_at
+    assert expires_at is not None
+    # Earlier outages grew the failure count: the backoff alone would wait minutes.
+    world.clock.advance(first.next_due - world.clock.time())
+    for _ in range(6):
+        world.server.next_responses.append(httpx.Response(503))
+        outcome = await job.run()
+        assert outcome.action == "failed"
+        left = expires_at - world.clock.time()
+        assert left > 0
+        assert outcome.next_due - world.clock.time() <= max(URGENT_FLOOR, left * URGENT_SHARE) + 1e-6
+        world.clock.advance(outcome.next_due - world.clock.time())
+    # The provider is back before expiry: the next attempt publishes a new token in time.
+    assert world.clock.time() < expires_at
+    assert (await job.run()).action == "refreshed"
+
+
+async def test_a_503_retry_after_is_honoured(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.server.next_responses.append(httpx.Response(503, headers={"Retry-After": "20"}))
+    outcome = await job.run(force=True)
+    assert outcome.action == "failed"
+    assert outcome.next_due - world.clock.time() >= 20
+
+
+# -- 2. Vault failures back off as configured, bounded by the token ------------------------------
+
+
+async def test_an_unreadable_record_backs_off_with_the_credentials_policy(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.store.unavailable = True
+    delays = []
+    for _ in range(6):
+        outcome = await job.run(force=True)
+        assert isinstance(outcome.error, VaultUnavailable)
+        delays.append(outcome.next_due - world.clock.time())
+        world.clock.advance(0.1)
+    # Bounded by what the 60 s token has left, not a fixed schedule of its own.
+    assert all(d <= 60 * URGENT_SHARE for d in delays)
+
+
+async def test_a_scheduler_wakes_what_waited_for_vault() -> None:
+    clock = FakeClock()
+    world = World(clock=clock)
+    job = world.job()
+    world.store.unavailable = True
+    scheduler = CredentialScheduler([job], clock=world.clock)
+    outcome = await scheduler.run_now("reporting", force=False)
+    assert outcome.action == "failed"
+    assert scheduler.waiting_for_vault == {"reporting"}
+    world.store.unavailable = False
+    assert scheduler.wake(scheduler.waiting_for_vault) == ["reporting"]
+    assert scheduler.status["reporting"].next_due == clock.time()
+    outcome = await scheduler.run_now("reporting", force=False)
+    assert outcome.action == "refreshed"
+    assert scheduler.waiting_for_vault == set()
+
+
+# -- 3. a refresh token whose answer was lost is never presented again ---------------------------
+
+
+async def refresh_token_world() -> tuple[World, CredentialJob]:
+    world = World()
+    job = world.job()
+    await job.run()  # client_credentials: a refresh token is now held
+    assert (await world.state()).refresh_token is not None
+    return world, job
+
+
+async def test_an_answer_lost_in_flight_burns_the_refresh_token() -> None:
+    world, job = await refresh_token_world()
+    held = (await world.state()).refresh_token
+    world.server.lose_answers = 1  # the provider rotates, keyturn never sees the answer
+    outcome = await job.run(force=True)
+    assert outcome.action == "failed"
+    assert isinstance(outcome.error, ProviderUnavailable)
+    state = await world.state()
+    assert state.refresh_token is None and state.refresh_in_flight is None
+    assert held is not None and world.server.revoked == [held.reveal()]  # RFC 7009
+    assert (await job.run(force=True)).action == "refreshed"
+    assert world.server.grants[-1] == "client_credentials"
+    assert world.server.reuse == 0
+    assert world.observer.named("suspicious") == []  # not the theft detector
+
+
+async def test_a_crash_after_the_request_leaves_the_token_burned_for_the_next_process() -> None:
+    world, job = await refresh_token_world()
+    held = (await world.state()).refresh_token
+    world.server.lose_answers = 1
+
+    def crash() -> None:  # the process dies while the request is in flight
+        world.store.unavailable = True
+
+    world.on_token_request.append(crash)
+    await job.run(force=True)
+    assert (await _raw_state(world)).refresh_in_flight is not None
+    world.store.unavailable = False
+    restarted = world.job()  # a new process: nothing in memory
+    outcome = await restarted.run()
+    assert outcome.action == "refreshed"
+    assert world.server.used_refresh.count(held.reveal() if held else "") == 1
+    assert world.server.reuse == 0
+    assert world.server.grants[-1] == "client_credentials"
+
+
+async def _raw_state(world: World) -> CredentialState:
+    world.store.unavailable = False
+    try:
+        return await world.state()
+    finally:
+        world.store.unavailable = True
+
+
+async def test_a_vault_failure_after_a_refresh_keeps_the_answer_and_stores_it_first() -> None:
+    world, job = await refresh_token_world()
+
+    def vault_fails() -> None:
+        world.store.fail_next(VaultUnavailable("vault: HTTP 500 (fake)"))
+
+    world.on_token_request.append(vault_fails)
+    outcome = await job.run(force=True)
+    assert outcome.action == "failed"
+    assert world.server.grants[-1] == "refresh_token"
+    rotated = world.server.live_refresh  # the provider's one live refresh token
+    requests = len(world.server.grants)
+    outcome = await job.run()
+    assert outcome.action == "refreshed"
+    # The kept answer was stored and published: no new request, no reuse, the live token held.
+    assert len(world.server.grants) == requests
+    assert world.server.reuse == 0
+    state = await world.state()
+    assert state.refresh_token is not None and {state.refresh_token.reveal()} == rotated
+    assert await world.published() == world.server.access_tokens[-1]
+
+
+async def test_invalid_grant_drops_the_token_once_and_falls_back(world: World) -> None:
+    job = world.job()
+    await job.run()
+    world.server.live_refresh.clear()  # the provider forgot it (expired, revoked)
+    world.server.next_responses.append(httpx.Response(400, json={"error": "invalid_grant"}))
+    world.server.next_responses.append(httpx.Response(503))  # and the fallback fails too
+    assert (await job.run(force=True)).action == "failed"
+    assert (await world.state()).refresh_token is None  # dropped after the first alert
+    assert (await job.run(force=True)).action == "refreshed"
+    detectors = [args[2] for args in world.observer.named("suspicious")]
+    assert detectors == ["refresh_token_rejected"]
+
+
+async def test_a_rate_limited_refresh_keeps_its_token(world: World) -> None:
+    job = world.job()
+    await job.run()
+    held = (await world.state()).refresh_token
+    world.server.next_responses.append(httpx.Response(429, headers={"Retry-After": "3"}))
+    outcome = await job.run(force=True)
+    assert isinstance(outcome.error, RateLimited)
+    state = await world.state()
+    assert state.refresh_token == held and state.refresh_in_flight is None
+
+
+# -- 4. the lease is short and renewed -----------------------------------------------------------
+
+
+def test_a_lease_never_outlasts_half_of_what_the_token_has_left() -> None:
+    lease = Lease("i-1", 40.0)
+    now = 1000.0
+    assert lease.until(CredentialState(), now) == now + 40  # nothing published yet
+    assert lease.until(CredentialState(expires_at=now + 600), now) == now + 40
+    assert lease.until(CredentialState(expires_at=now + 20), now) == now + 10
+    assert lease.until(CredentialState(expires_at=now + 1), now) == now + MIN_LEASE
+
+
+async def test_a_long_step_renews_the_lease(world: World) -> None:
+    await world.store.write(STATE, CredentialState().to_data(), cas=0)
+    journal = Journal(
+        world.store, STATE, CredentialState(), 1, clock=world.clock, lease=Lease("i-1", 9.0)
+    )
+    await journal.save(journal.state)
+    first = (await world.state()).lease_until
+    stop = asyncio.Event()
+    keeper = asyncio.ensure_future(journal.keep_alive(stop))
+    for _ in range(3):
+        await asyncio.sleep(0)
+        world.clock.advance(3.1)
+        for _ in range(5):
+            await asyncio.sleep(0)
+    stop.set()
+    await keeper
+    state = await world.state()
+    assert first is not None and state.lease_until is not None
+    assert state.lease_until > first + 5
+    assert state.lease_owner == "i-1"
+
+
+# -- 6. any exception is a failure of the one credential -----------------------------------------
+
+
+async def test_an_unexpected_exception_is_recorded_backed_off_and_reported(world: World) -> None:
+    job = world.job()
+    world.bug = ZeroDivisionError("a bug with a value: at-1-secretvalue")
+    outcome = await job.run()
+    assert outcome.action == "failed"
+    state = await world.state()
+    assert state.consecutive_failures == 1
+    assert state.last_error is not None and "ZeroDivisionError" in state.last_error
+    assert "secretvalue" not in state.last_error
+    assert state.lease_owner is None
+    assert outcome.next_due > world.clock.time()
+    failed = world.observer.named("failed")
+    assert len(failed) == 1 and failed[0][4] == 1
+
+
+# -- 5. a wall-clock step ------------------------------------------------------------------------
+
+
+class Reference:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.true_time: float | None = None  # None: Vault cannot be asked
+
+    async def __call__(self) -> float | None:
+        return self.true_time
+
+
+async def test_a_step_vault_disagrees_with_is_held_steady_and_everything_replans() -> None:
+    clock = FakeClock()
+    jumps: list[float] = []
+    reference = Reference(clock)
+    guard = WallClockGuard(clock, reference=reference, on_jump=jumps.append)
+    real = clock.time()
+    reference.true_time = real
+    assert await guard.check() == 0.0 and jumps == []
+    clock.step_wall(-300)  # libfaketime, an operator: Vault's clock did not move
+    assert await guard.check() == 300.0
+    assert clock.time() == pytest.approx(real)  # keyturn's time stays right
+    assert jumps == [-300]
+    clock.advance(10)
+    reference.true_time = real + 10
+    assert await guard.check() == 300.0 and len(jumps) == 1
+    clock.step_wall(+300)  # the clock comes back
+    assert await guard.check() == 0.0
+    assert clock.time() == pytest.approx(real + 10)
+    assert len(jumps) == 2
+
+
+async def test_a_step_vault_agrees_with_is_adopted() -> None:
+    clock = FakeClock()
+    jumps: list[float] = []
+    reference = Reference(clock)
+    guard = WallClockGuard(clock, reference=reference, on_jump=jumps.append)
+    clock.step_wall(+120)  # NTP corrects a clock that was two minutes slow
+    reference.true_time = clock.system_time()
+    assert await guard.check() == 0.0
+    assert clock.time() == clock.system_time()
+    assert jumps == [120]
+
+
+async def test_without_vault_the_guard_holds_time_steady_until_it_can_ask() -> None:
+    clock = FakeClock()
+    reference = Reference(clock)
+    guard = WallClockGuard(clock, reference=reference, on_jump=lambda _: None)
+    before = clock.time()
+    clock.step_wall(-300)
+    assert await guard.check() == 300.0
+    assert clock.time() == before
+    reference.true_time = clock.system_time()  # Vault says the new time was right after all
+    assert await guard.check() == 0.0
