@@ -65,7 +65,7 @@ def backoff_delay(
     Full jitter in [initial, cap]; a server's Retry-After is a floor (capped at `maximum`
     so a hostile or broken header cannot park a credential for days).
     """
-    exponent = max(0, failures - 1)
+    exponent = min(max(0, failures - 1), 64)  # 2**64 s is past any cap; no float overflow
     cap = min(policy.maximum, policy.initial * policy.multiplier**exponent)
     delay = rng.uniform(min(policy.initial, cap), cap)
     if retry_after is not None and retry_after > 0:

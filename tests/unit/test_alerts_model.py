@@ -118,6 +118,21 @@ def test_unknown_words_are_refused(severity: str, status: str) -> None:
         ("sent Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
         ("PASSWORD=pw-1234", "pw-1234"),
         ("routing_key=R0UT1NG", "R0UT1NG"),
+        # the forms of the issue, with values that are plain words
+        ("Bearer xyz", "xyz"),
+        ("Basic xyz", "xyz"),
+        ("token=xyz", "xyz"),
+        ('{"client_secret": "xyz"}', "xyz"),
+        ("{'client_secret':'xyz'}", "xyz"),
+        ("GET /v1/users?api_key=xyz&page=2", "xyz"),
+        ("grant_type=refresh_token&refresh_token=xyz", "xyz"),
+        ("token:xyz", "xyz"),
+        ('"access_token": "two words"', "two words"),
+        # name: value, where the value is not a word
+        ("client_secret: cs-7f3a9b2c4d5e; Authorization: Bearer at-1", "cs-7f3a9b2c4d5e"),
+        ("the server said client_secret: s3cr3t-v4lue-0123 was reused", "s3cr3t-v4lue-0123"),
+        ("x-vault-token: hvs.CAESIJ0123", "hvs.CAESIJ0123"),
+        ("Authorization: Token 0123abcd", "0123abcd"),
     ],
 )
 def test_scrub_text_blanks_values_after_secret_names(text: str, leaked: str) -> None:
@@ -133,3 +148,46 @@ def test_scrub_text_leaves_ordinary_messages_alone() -> None:
         "invalid_client (HTTP 401); published path was at version 7"
     )
     assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # keyturn's own `<where>: <reason>` and `<field>: <reason>` messages
+        "ProviderUnavailable: app1: /oauth/token: RemoteProtocolError",
+        "ProviderUnavailable: app1: /oauth/token: HTTP 503",
+        "ProviderUnavailable: app1: /oauth/token: timed out after 5s",
+        "RateLimited: app1: /oauth/token: rate limited (429), retry after 30s",
+        "MalformedResponse: app1: access_token: missing or not a non-empty string",
+        "MalformedResponse: app1: refresh_token: not a non-empty string",
+        "OAuthError: app1: token endpoint returned invalid_client (Client authentication failed)",
+        "VerificationFailed: app1: new access token rejected by probe /v1/token (HTTP 401)",
+        "SecretReferenceError: env:APP_TOKEN: environment variable APP_TOKEN is not set",
+        "SecretReferenceError: vault:secret/in/app#client_secret: the Vault field is empty",
+        "RotationError: app1: rotator keys: create (POST /api_key): value /key: not a string",
+        # credentials named like a secret: their name starts keyturn's summary
+        "token: 3 consecutive failed runs; last: ProviderUnavailable: token: /oauth/token: "
+        "HTTP 503",
+        "api_key: 5 consecutive failed runs; last: OSError",
+        "key: a key issued just now was rejected with 401 on /v1/users",
+    ],
+)
+def test_scrub_text_keeps_the_words_of_keyturns_messages(text: str) -> None:
+    assert scrub_text(text) == text
+    summary = Alert.make("credential_failing", "warning", text, starts_at=T0).summary
+    assert summary == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "refresh_token=rt-1 reused; client_secret: cs-2; Authorization: Bearer at-3",
+        '{"api_key": "k", "token": "t"}',
+        "api_key: k-9f8e7d",
+        "/oauth/token: HTTP 503",
+    ],
+)
+def test_scrubbing_twice_changes_nothing(text: str) -> None:
+    """The dispatcher scrubs a summary again before delivery."""
+    once = scrub_text(text)
+    assert scrub_text(once) == once

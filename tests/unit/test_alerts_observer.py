@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 import random
+from collections.abc import Awaitable, Callable
 
+import httpx
 import pytest
+import requests
+import structlog
+from hvac import exceptions as hvac_errors
 
 from keyturn.alerts.dispatcher import AlertDispatcher
 from keyturn.alerts.model import Alert, fingerprint
 from keyturn.alerts.observer import AlertingObserver
 from keyturn.clock import FakeClock
-from keyturn.errors import OAuthError, VerificationFailed
+from keyturn.config.schema import HttpCall, HttpRotatorConfig, ProviderConfig
+from keyturn.errors import KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import LoggingObserver, Observers
+from keyturn.logs import configure_logging
+from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.refresher import verify_with_probe
+from keyturn.rotators.base import RotationRequest
+from keyturn.rotators.http import HttpRotator
+from keyturn.secret import PLACEHOLDER, Secret
 from keyturn.testing.alerts import MemoryHook
+from keyturn.vault.client import translate
 
 T0 = 1_800_000_000.0
 
@@ -128,3 +144,169 @@ async def test_it_works_behind_observers_fan_out(wired) -> None:
     fan_out.published("c", "p", "oauth_client", T0, T0 + 60)
     assert [status for _, status, _ in await sent(dispatcher, hook)] == ["firing", "resolved"]
     assert isinstance(hook.delivered[0], Alert)
+
+
+# -- an alert says what the log line says ---------------------------------------------------
+
+SENT = Secret("cs-0123456789abcdef-the-client-secret")
+ROTATOR_ADMIN = Secret("admin-0123456789abcdef")
+
+
+def provider_client(
+    respond: Callable[[httpx.Request], httpx.Response], timeout: float = 10.0
+) -> ProviderClient:
+    settings = ProviderSettings(name="acme", base_url="https://acme.test", timeout=timeout)
+    return ProviderClient(settings, clock=FakeClock(T0), transport=httpx.MockTransport(respond))
+
+
+async def token_failure(
+    respond: Callable[[httpx.Request], httpx.Response], timeout: float = 10.0
+) -> Exception:
+    """The error a client_credentials request for app1 raises when the provider does this."""
+    client = provider_client(respond, timeout)
+    try:
+        await client.request_token(
+            "app1", grant_type="client_credentials", client_id="app1-id", client_secret=SENT
+        )
+    except Exception as error:
+        return error
+    finally:
+        await client.aclose()
+    raise AssertionError("the token request succeeded")
+
+
+async def probe_failure(status: int) -> Exception:
+    client = provider_client(answer(status))
+    try:
+        await verify_with_probe(
+            client,
+            Observers(),
+            credential="app1",
+            provider="acme",
+            probe="/v1/users",
+            authorization=Secret("Bearer at-0123456789abcdef"),
+            what="access token",
+        )
+    except Exception as error:
+        return error
+    finally:
+        await client.aclose()
+    raise AssertionError("the probe passed")
+
+
+async def rotator_failure(status: int, body: object) -> Exception:
+    provider = ProviderConfig(name="acme", base_url="https://acme.test")
+    config = HttpRotatorConfig(
+        name="acme-keys",
+        provider="acme",
+        create=HttpCall(path="/keys", value="/key", id="/id"),
+        revoke=HttpCall(path="/keys/{key_id}", method="DELETE"),
+    )
+    transport = httpx.MockTransport(answer(status, body))
+    rotator = HttpRotator(config, provider, ROTATOR_ADMIN, transport=transport, clock=FakeClock(T0))
+    request = RotationRequest("app1", "api_key", "r1", "keyturn-app1-r1", None)
+    try:
+        await rotator.create(request)
+    except Exception as error:
+        return error
+    finally:
+        await rotator.aclose()
+    raise AssertionError("the rotator created a key")
+
+
+def raise_(error: Exception) -> Callable[[httpx.Request], httpx.Response]:
+    def respond(request: httpx.Request) -> httpx.Response:
+        raise error
+
+    return respond
+
+
+def response(status: int, body: object = None, **headers: str) -> httpx.Response:
+    """A response whose body is a stream, as one off the network is."""
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if body is None:
+        content = b""
+    return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content))
+
+
+def answer(status: int, body: object = None, **headers: str) -> Callable[..., httpx.Response]:
+    return lambda request: response(status, body, **headers)
+
+
+def vault_failure(error: Exception) -> Exception:
+    translated = translate(error, operation="write", path="secret/data/apps/app1")
+    assert translated is not None
+    return translated
+
+
+FAILURES: dict[str, Callable[[], Awaitable[Exception]]] = {
+    "connection dropped": lambda: token_failure(
+        raise_(httpx.RemoteProtocolError("Server disconnected without sending a response."))
+    ),
+    "cannot connect": lambda: token_failure(raise_(httpx.ConnectError("Connection refused"))),
+    "HTTP 503": lambda: token_failure(answer(503)),
+    "timed out": lambda: token_failure(raise_(httpx.ReadTimeout("read timed out")), timeout=5),
+    "rate limited": lambda: token_failure(answer(429, Retry_After="30")),
+    "access_token missing": lambda: token_failure(
+        answer(200, {"token_type": "Bearer", "expires_in": 60})
+    ),
+    "refresh_token empty": lambda: token_failure(
+        answer(200, {"access_token": "at-1", "token_type": "Bearer", "refresh_token": ""})
+    ),
+    "expires_in not a number": lambda: token_failure(
+        answer(200, {"access_token": "at-1", "token_type": "Bearer", "expires_in": "soon"})
+    ),
+    "body not JSON": lambda: token_failure(answer(200, b"<html>")),
+    "invalid_client": lambda: token_failure(
+        answer(
+            401, {"error": "invalid_client", "error_description": "Client authentication failed"}
+        )
+    ),
+    "invalid_grant": lambda: token_failure(
+        answer(400, {"error": "invalid_grant", "error_description": "refresh token revoked"})
+    ),
+    "a 4xx without an error body": lambda: token_failure(answer(400, {"message": "no"})),
+    "probe rejected": lambda: probe_failure(401),
+    "probe unavailable": lambda: probe_failure(503),
+    "probe status": lambda: probe_failure(404),
+    "vault unreachable": lambda: asyncio.sleep(
+        0, vault_failure(requests.exceptions.ConnectionError("refused"))
+    ),
+    "vault timed out": lambda: asyncio.sleep(0, vault_failure(requests.exceptions.ReadTimeout())),
+    "vault sealed": lambda: asyncio.sleep(0, vault_failure(hvac_errors.VaultDown("sealed"))),
+    "vault token rejected": lambda: asyncio.sleep(
+        0, vault_failure(hvac_errors.Unauthorized("permission denied"))
+    ),
+    "vault permission denied": lambda: asyncio.sleep(
+        0, vault_failure(hvac_errors.Forbidden("permission denied"))
+    ),
+    "rotator auth refused": lambda: rotator_failure(401, {"error": "invalid_token"}),
+    "rotator bad request": lambda: rotator_failure(400, {"error": "invalid_request"}),
+    "rotator answer without a key": lambda: rotator_failure(201, {"id": 7}),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILURES))
+async def test_the_alert_says_what_the_log_line_says(case: str, wired) -> None:
+    """Each failure keyturn reports, raised by the code that raises it, goes through the log
+    observer and the alerting observer side by side: the alert's summary carries the same
+    error text as the log line, words and all; nothing in it is blanked."""
+    observer, dispatcher, hook = wired
+    error = await FAILURES[case]()
+    assert isinstance(error, KeyturnError), repr(error)  # keyturn's own: its text is shown
+    stream = io.StringIO()
+    configure_logging("debug", stream=stream)
+    try:
+        Observers(LoggingObserver(), observer).failed("app1", "acme", "oauth_client", error, 3)
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
+    [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+    assert line["event"] == "credential.failed"
+    logged = f"{line['error_type']}: {line['error']}"
+    assert PLACEHOLDER not in logged, logged
+    await sent(dispatcher, hook)
+    [alert] = hook.delivered  # as delivered: scrubbed when made and again before delivery
+    assert alert.summary == f"app1: 3 consecutive failed runs; last: {logged}"
+    assert SENT.reveal() not in alert.summary
+    assert ROTATOR_ADMIN.reveal() not in alert.summary

@@ -395,7 +395,7 @@ BAD_OVERRIDES = [
     (
         {"KEYTURN_KEYTURN_MAX_CONCURRENCY": "many"},
         'k.toml: environment KEYTURN_KEYTURN_MAX_CONCURRENCY: keyturn.max_concurrency: got "many"; '
-        "expected an integer >= 1",
+        "expected an integer between 1 and 10000",
     ),
     (
         {"KEYTURN_PROVIDERS_ACME_ALLOW_INSECURE_HTTP": "yes"},

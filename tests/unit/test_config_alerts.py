@@ -226,19 +226,46 @@ BAD = [
     ),
     (
         hook("webhook", url=WEBHOOK_URL, rate_limit="0"),
-        f"{AT}.rate_limit: got 0; expected a number of alerts per minute > 0",
+        f"{AT}.rate_limit: got 0, which is out of range; expected a number of alerts per minute "
+        "greater than zero, at most 10000",
     ),
     (
         hook("webhook", url=WEBHOOK_URL, repeat_interval='"30s"'),
-        f'{AT}.repeat_interval: got "30s"; expected a duration of at least 1m',
+        f'{AT}.repeat_interval: got "30s", which is out of range; expected a duration between 1m '
+        "and 365d",
     ),
     (
         hook("webhook", url=WEBHOOK_URL, max_retries="-1"),
-        f"{AT}.max_retries: got -1; expected an integer >= 0",
+        f"{AT}.max_retries: got -1, which is out of range; expected an integer between 0 and 100",
     ),
     (
         hook("webhook", url=WEBHOOK_URL, timeout="0"),
-        f"{AT}.timeout: got 0; expected a duration greater than zero",
+        f"{AT}.timeout: got 0, which is out of range; expected a duration greater than zero, at "
+        "most 1h",
+    ),
+    (
+        hook("webhook", url=WEBHOOK_URL, rate_limit="1e308"),
+        f"{AT}.rate_limit: got 1e+308, which is out of range; expected a number of alerts per "
+        "minute greater than zero, at most 10000",
+    ),
+    (
+        hook("webhook", url=WEBHOOK_URL, rate_limit="nan"),
+        f"{AT}.rate_limit: got nan; expected a number of alerts per minute greater than zero, at "
+        "most 10000",
+    ),
+    (
+        hook("webhook", url=WEBHOOK_URL, repeat_interval='"366d"'),
+        f'{AT}.repeat_interval: got "366d", which is out of range; expected a duration between 1m '
+        "and 365d",
+    ),
+    (
+        hook("webhook", url=WEBHOOK_URL, timeout='"100000000000d"'),
+        f'{AT}.timeout: got "100000000000d", which is out of range; expected a duration greater '
+        "than zero, at most 1h",
+    ),
+    (
+        hook("webhook", url=WEBHOOK_URL, max_retries="101"),
+        f"{AT}.max_retries: got 101, which is out of range; expected an integer between 0 and 100",
     ),
     (
         hook("webhook", url=WEBHOOK_URL, runbook_base='"http://wiki.example.com/runbook"'),

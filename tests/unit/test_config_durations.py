@@ -38,6 +38,8 @@ def test_parse_duration(value: object, seconds: float) -> None:
         ("-5s", "must not be negative"),
         (float("inf"), "must be finite"),
         (float("nan"), "must be finite"),
+        (10**400, "must be finite"),  # a TOML integer beyond any float
+        ("9" * 400 + "d", "must be finite"),
         ("", "not a duration"),
         ("10x", "not a duration"),
         ("1 h", "not a duration"),

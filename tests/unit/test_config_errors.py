@@ -3,11 +3,13 @@ saying what was expected. The base configuration is valid; each case changes one
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
 
 from keyturn.config import parse_config
+from keyturn.config.durations import DURATION_HELP
 from keyturn.errors import ConfigError
 
 SOURCE = "/etc/keyturn/keyturn.toml"
@@ -158,7 +160,12 @@ CASES: list[tuple[str, str | None, str, str]] = [
         'unknown key for method "approle"; did you mean "mount"?',
     ),
     ("vault.timeout", '"-5s"', "vault.timeout", "must not be negative"),
-    ("vault.timeout", "0", "vault.timeout", "got 0; expected a duration greater than zero"),
+    (
+        "vault.timeout",
+        "0",
+        "vault.timeout",
+        "got 0, which is out of range; expected a duration greater than zero, at most 1h",
+    ),
     ("vault.timeout", '"30m1h"', "vault.timeout", "units must go from largest to smallest"),
     ("vault.timeout", '"ten seconds"', "vault.timeout", 'got "ten seconds" (not a duration)'),
     ("vault.renew_margin", "true", "vault.renew_margin", "got true (a boolean is not a duration)"),
@@ -169,7 +176,12 @@ CASES: list[tuple[str, str | None, str, str]] = [
     # [keyturn]
     ("keyturn", "[]", "keyturn", "got an array; expected a table ([keyturn])"),
     ("keyturn.log_level", '"loud"', "keyturn.log_level", 'got "loud"; expected one of "debug"'),
-    ("keyturn.max_concurrency", "0", "keyturn.max_concurrency", "got 0; expected an integer >= 1"),
+    (
+        "keyturn.max_concurrency",
+        "0",
+        "keyturn.max_concurrency",
+        "got 0, which is out of range; expected an integer between 1 and 10000",
+    ),
     ("keyturn.max_concurrency", "true", "keyturn.max_concurrency", "got true; expected an integer"),
     (
         "keyturn.vault_concurrency",
@@ -236,12 +248,18 @@ CASES: list[tuple[str, str | None, str, str]] = [
     ("providers[0].revoke_path", '"//evil/revoke"', f"{ACME}.revoke_path", 'starting with "/"'),
     ("providers[0].token_request", '"xml"', f"{ACME}.token_request", 'one of "json", "form"'),
     ("providers[0].client_auth", '"jwt"', f"{ACME}.client_auth", 'one of "body", "basic"'),
-    ("providers[0].max_connections", "0", f"{ACME}.max_connections", "an integer >= 1"),
-    ("providers[0].rate_limit", "0", f"{ACME}.rate_limit", "requests per second > 0"),
+    ("providers[0].max_connections", "0", f"{ACME}.max_connections", "integer between 1 and"),
+    ("providers[0].rate_limit", "0", f"{ACME}.rate_limit", "requests per second greater than"),
     ("providers[0].rate_limit", '"fast"', f"{ACME}.rate_limit", 'got "fast"; expected a number'),
     ("providers[0].rate_limit", "nan", f"{ACME}.rate_limit", "got nan; expected a number"),
     ("providers[0].default_lifetime", '"0s"', f"{ACME}.default_lifetime", "greater than zero"),
-    ("providers[0].max_response_bytes", "10", f"{ACME}.max_response_bytes", "integer >= 1024"),
+    (
+        "providers[0].max_response_bytes",
+        "10",
+        f"{ACME}.max_response_bytes",
+        "got 10, which is out of range; expected an integer between 1024 and 67108864 (1 KiB to "
+        "64 MiB)",
+    ),
     (
         "providers[0].tokn_path",
         '"/t"',
@@ -329,9 +347,16 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].publish_to",
         '"keyturn/state/reporting"',
         f"{CRED}.publish_to",
-        'is under state_prefix "keyturn/state", which only keyturn may read; expected a path',
+        '"keyturn/state/reporting" is under keyturn.state_prefix "keyturn/state", keyturn\'s '
+        "private records, which no app may read; expected a path outside keyturn.state_prefix "
+        'and not a prefix of it (paths compare by "/" segments)',
     ),
-    ("credentials[0].publish_to", '"keyturn/state"', f"{CRED}.publish_to", "under state_prefix"),
+    (
+        "credentials[0].publish_to",
+        '"keyturn/state"',
+        f"{CRED}.publish_to",
+        '"keyturn/state" is keyturn.state_prefix, keyturn\'s private records',
+    ),
     ("credentials[0].probe", '"v1/projects"', f"{CRED}.probe", 'a path starting with "/"'),
     ("credentials[0].scope", '"  "', f"{CRED}.scope", "got an empty string; expected space-sep"),
     ("credentials[0].refresh", "5", f"{CRED}.refresh", "got 5; expected a table"),
@@ -339,7 +364,7 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].refresh",
         "{ at = 1.0 }",
         f"{CRED}.refresh.at",
-        "got 1.0; expected a fraction",
+        "got 1.0, which is out of range; expected a fraction",
     ),
     ("credentials[0].refresh", "{ at = 0 }", f"{CRED}.refresh.at", "between 0 and 1 (exclusive)"),
     ("credentials[0].refresh", "{ jitter = 0.5 }", f"{CRED}.refresh.jitter", ">= 0 and < 0.5"),
@@ -354,7 +379,7 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].refresh",
         '{ margin = "1 minute" }',
         f"{CRED}.refresh.margin",
-        'got "1 minute" (not a duration); expected a duration zero or more',
+        'got "1 minute" (not a duration); expected a duration between 0s and 365d: seconds',
     ),
     ("credentials[0].refresh", "{ min_interval = 0 }", f"{CRED}.refresh.min_interval", "than zero"),
     (
@@ -367,7 +392,7 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].backoff",
         "{ multiplier = 0.5 }",
         f"{CRED}.backoff.multiplier",
-        "got 0.5; expected a number >= 1",
+        "got 0.5, which is out of range; expected a number between 1 and 10",
     ),
     (
         "credentials[0].backoff",
@@ -516,8 +541,9 @@ def test_api_key_on_an_oauth_entry_lists_every_key_that_does_not_fit() -> None:
         f"{SOURCE}: {CRED}.client_secret: {not_allowed}",
         f"{SOURCE}: {CRED}.scope: {not_allowed}",
         f"{SOURCE}: {CRED}.refresh: {not_allowed}",
-        f'{SOURCE}: {CRED}.probe: missing; expected a path starting with "/", e.g. '
-        '"/oauth/token", without spaces or #fragment',
+        f'{SOURCE}: {CRED}.probe: missing; expected a path starting with "/", relative to the '
+        'provider\'s base_url, e.g. "/oauth/token": no scheme or "//host", no "." or ".." '
+        "segment, no backslash, spaces, control characters or #fragment",
         f"{SOURCE}: {CRED}.rotation: missing; expected a table, e.g. "
         'rotation = { max_age = "30d", rotator = "acme-keys" }',
     ]
@@ -782,7 +808,7 @@ ROTATION_CASES: list[tuple[str, str | None, str, str]] = [
     ),
     ("rotators[2].command", '["/x", 3]', f"{X}.command", "got 3 in the array; expected"),
     ("rotators[2].command", '["/x", ""]', f"{X}.command", "got an empty string in the array"),
-    ("rotators[2].timeout", "0", f"{X}.timeout", "got 0; expected a duration greater than zero"),
+    ("rotators[2].timeout", "0", f"{X}.timeout", "out of range; expected a duration greater than"),
     (
         "rotators[2].provider",
         '"acme"',
@@ -828,13 +854,13 @@ ROTATION_CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[1].rotation",
         '{ rotator = "sandbox-keys" }',
         f"{KEY}.rotation.max_age",
-        "missing; expected a duration of at least 1s",
+        "missing; expected a duration between 1s and 3650d",
     ),
     (
         "credentials[1].rotation",
         '{ max_age = "500ms", rotator = "sandbox-keys" }',
         f"{KEY}.rotation.max_age",
-        'got "500ms"; expected a duration of at least 1s',
+        'got "500ms", which is out of range; expected a duration between 1s and 3650d',
     ),
     (
         "credentials[1].rotation",
@@ -871,7 +897,7 @@ ROTATION_CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[1].rotation",
         '{ max_age = "30d", rotator = "sandbox-keys", verify_attempts = 0 }',
         f"{KEY}.rotation.verify_attempts",
-        "got 0; expected an integer >= 1",
+        "got 0, which is out of range; expected an integer between 1 and 100",
     ),
     (
         "credentials[1].rotation",
@@ -923,3 +949,545 @@ def test_a_rotator_with_a_bad_type_still_counts_as_declared() -> None:
     problems = problems_of(change("rotators[0].type", '"htp"', rotation_base))
     assert len(problems) == 1
     assert f"{R}.type" in problems[0]
+
+
+# -- publish_to and state_prefix: no app may read keyturn's private records ----------------------
+
+
+def with_state_prefix(prefix: str, *publish_to: str) -> Doc:
+    doc = change("keyturn.state_prefix", json.dumps(prefix))
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    template = credentials[0]
+    credentials[:] = [
+        dict(template, name=f'"app{i}"', publish_to=json.dumps(path))
+        for i, path in enumerate(publish_to)
+    ]
+    return doc
+
+
+PRIVATE = "keyturn's private records, which no app may read; expected a path outside"
+
+
+@pytest.mark.parametrize(
+    ("prefix", "publish_to", "relation"),
+    [
+        ("keyturn/state", "keyturn/state", "is keyturn.state_prefix, "),
+        ("keyturn/state", "keyturn/state/app0", 'is under keyturn.state_prefix "keyturn/state", '),
+        ("keyturn/state", "keyturn/state/a/b/c", 'is under keyturn.state_prefix "keyturn/state", '),
+        (
+            "keyturn/state",
+            "keyturn",
+            'is above keyturn.state_prefix "keyturn/state" (a prefix of it), ',
+        ),
+        (
+            "ops/keyturn/private",
+            "ops/keyturn",
+            'is above keyturn.state_prefix "ops/keyturn/private" (a prefix of it), ',
+        ),
+        ("apps", "apps/reporting/acme", 'is under keyturn.state_prefix "apps", '),
+    ],
+)
+def test_publish_to_may_not_overlap_state_prefix(
+    prefix: str, publish_to: str, relation: str
+) -> None:
+    problems = problems_of(with_state_prefix(prefix, publish_to))
+    assert problems == [
+        f'{SOURCE}: credentials["app0"].publish_to: "{publish_to}" {relation}{PRIVATE} '
+        'keyturn.state_prefix and not a prefix of it (paths compare by "/" segments)'
+    ]
+
+
+def test_paths_are_compared_by_segments_not_by_text() -> None:
+    doc = with_state_prefix(
+        "keyturn/state",
+        "keyturn/statefoo",
+        "keyturn/stat",
+        "keyturn/state-app/x",
+        "keyturnx/state",
+        "apps/keyturn/state",
+        "Keyturn/State",  # Vault paths are case-sensitive
+    )
+    config = parse_config(render(doc), SOURCE, {})
+    assert len(config.credentials) == 6
+
+
+def test_every_overlapping_publish_to_is_reported_at_once() -> None:
+    doc = with_state_prefix("apps/team", "apps", "apps/team/a", "apps/other", "apps/team")
+    problems = problems_of(doc)
+    assert [line.split(": ")[1] for line in problems] == [
+        'credentials["app0"].publish_to',
+        'credentials["app1"].publish_to',
+        'credentials["app3"].publish_to',
+    ]
+
+
+def test_a_state_prefix_override_is_checked_against_publish_to() -> None:
+    problems = problems_of(base(), {"KEYTURN_KEYTURN_STATE_PREFIX": "apps/reporting"})
+    assert problems == [
+        f'{SOURCE}: {CRED}.publish_to: "apps/reporting/acme" is under keyturn.state_prefix '
+        f'"apps/reporting", {PRIVATE} keyturn.state_prefix and not a prefix of it (paths '
+        'compare by "/" segments)'
+    ]
+
+
+# -- HTTP paths stay on the provider's base_url --------------------------------------------------
+
+PATH_EXPECTED = (
+    'expected a path starting with "/", relative to the provider\'s base_url, e.g. '
+    '"/oauth/token": no scheme or "//host", no "." or ".." segment, no backslash, spaces, '
+    "control characters or #fragment"
+)
+BAD_PATHS: list[tuple[str, str]] = [
+    ("/v1/../admin", ', which has a "." or ".." segment'),
+    ("/v1/..", ', which has a "." or ".." segment'),
+    ("/..", ', which has a "." or ".." segment'),
+    ("/./oauth/token", ', which has a "." or ".." segment'),
+    ("/v1/%2e%2e/admin", ', which has a "." or ".." segment'),
+    ("/v1/.%2E/admin", ', which has a "." or ".." segment'),
+    ("/v1/users/..?x=1", ', which has a "." or ".." segment'),
+    ("http://evil.example/oauth/token", ", which has a scheme (a full URL)"),
+    ("https://evil.example/oauth/token", ", which has a scheme (a full URL)"),
+    ("javascript:alert(1)", ", which has a scheme (a full URL)"),
+    ("//evil.example/oauth/token", ', which names a host ("//")'),
+    ("/\\evil.example/oauth/token", ", which has a backslash"),
+    ("/v1\\..\\admin", ", which has a backslash"),
+    ("/v1/us ers", ", which has spaces or control characters"),
+    ("/v1/users\u0000", ", which has spaces or control characters"),
+    ("/v1/users\r\nX-Injected: 1", ", which has spaces or control characters"),
+    ("/v1/users\u0085", ", which has spaces or control characters"),
+    ("/v1/users\u2028", ", which has spaces or control characters"),
+    ("/v1/users\u007f", ", which has spaces or control characters"),
+    ("/v1/users#top", ", which has a #fragment"),
+    ("v1/users", ""),
+]
+# (target, how to set the path, where the problem is, a rotation base or not)
+PATH_KEYS: list[tuple[str, str, str, bool]] = [
+    ("providers[0].token_path", "{}", f"{ACME}.token_path", False),
+    ("providers[0].revoke_path", "{}", f"{ACME}.revoke_path", False),
+    ("credentials[0].probe", "{}", f"{CRED}.probe", False),
+    ("credentials[1].probe", "{}", f"{KEY}.probe", True),
+    ("rotators[0].create", f"{{{{ path = {{}}, {CREATE} }}}}", f"{R}.create.path", True),
+    ("rotators[0].revoke", "{{ path = {} }}", f"{R}.revoke.path", True),
+    (
+        "rotators[0].find",
+        '{{ path = {}, items = "/api_keys", name = "/name", id = "/key_id" }}',
+        f"{R}.find.path",
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "reason"), BAD_PATHS, ids=[repr(p) for p, _ in BAD_PATHS])
+@pytest.mark.parametrize(
+    ("target", "literal", "where", "rotation"), PATH_KEYS, ids=[k[0] for k in PATH_KEYS]
+)
+def test_a_path_that_could_leave_the_base_url_is_refused(
+    target: str, literal: str, where: str, rotation: bool, path: str, reason: str
+) -> None:
+    value = literal.format(json.dumps(path))
+    problems = problems_of(change(target, value, rotation_base if rotation else base))
+    assert len(problems) == 1, problems
+    line = problems[0]
+    assert line.startswith(f"{SOURCE}: {where}: got {json.dumps(path)}{reason}; expected "), line
+    assert 'a path starting with "/"' in line
+    assert "\n" not in line and "\r" not in line and "\x00" not in line
+
+
+def test_the_path_rule_names_everything_it_refuses() -> None:
+    problems = problems_of(change("providers[0].token_path", '"//evil.example/t"'))
+    assert problems == [
+        f'{SOURCE}: {ACME}.token_path: got "//evil.example/t", which names a host ("//"); '
+        f"{PATH_EXPECTED}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/users",
+        "/oauth/token?api-version=2",
+        "/.well-known/openid-configuration",
+        "/v1/..x/y",
+        "/v1/x../y",
+        "/v1/.../y",
+        "/v1/users/",
+        "/api/v1/caf\u00e9",
+        "/",
+    ],
+)
+def test_ordinary_paths_are_accepted(path: str) -> None:
+    doc = change("providers[0].token_path", json.dumps(path))
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials[0]["probe"] = json.dumps(path)
+    config = parse_config(render(doc), SOURCE, {})
+    assert config.providers["acme"].token_path == path
+    assert config.credentials[0].probe == path
+
+
+def test_every_bad_path_is_reported_at_once() -> None:
+    doc = change("providers[0].token_path", '"/a/../b"', rotation_base)
+    doc = change("providers[0].revoke_path", '"http://x.example/r"', lambda: doc)
+    doc = change("credentials[0].probe", '"/\\\\x"', lambda: doc)
+    doc = change("rotators[0].revoke", '{ path = "/keys/../{key_id}" }', lambda: doc)
+    wheres = [line.split(": ")[1] for line in problems_of(doc)]
+    assert wheres == [
+        f"{ACME}.token_path",
+        f"{ACME}.revoke_path",
+        f"{R}.revoke.path",
+        f"{CRED}.probe",
+    ]
+
+
+def test_an_override_path_is_checked_like_the_file() -> None:
+    environ = {"KEYTURN_PROVIDERS_ACME_TOKEN_PATH": "/oauth/../admin/token"}
+    assert problems_of(base(), environ) == [
+        f"{SOURCE}: environment KEYTURN_PROVIDERS_ACME_TOKEN_PATH: {ACME}.token_path: got "
+        f'"/oauth/../admin/token", which has a "." or ".." segment; {PATH_EXPECTED}'
+    ]
+
+
+# -- every number has a range, and the message states it --------------------------------------
+
+HUGE = "9" * 400  # a TOML integer beyond any float
+RANGE_CASES: list[tuple[str, str, str, str]] = [
+    # (what to change, new TOML literal, where, the end of the problem line)
+    (
+        "keyturn.max_concurrency",
+        "10001",
+        "keyturn.max_concurrency",
+        "got 10001, which is out of range; expected an integer between 1 and 10000",
+    ),
+    (
+        "keyturn.max_concurrency",
+        "100000000000000000000000000000",
+        "keyturn.max_concurrency",
+        "got an integer of more than 20 digits, which is out of range; expected an integer between "
+        "1 and 10000",
+    ),
+    (
+        "keyturn.vault_concurrency",
+        "1001",
+        "keyturn.vault_concurrency",
+        "got 1001, which is out of range; expected an integer between 1 and 1000",
+    ),
+    (
+        "keyturn.shutdown_timeout",
+        '"2h"',
+        "keyturn.shutdown_timeout",
+        'got "2h", which is out of range; expected a duration greater than zero, at most 1h',
+    ),
+    (
+        "keyturn.watch_interval",
+        '"500ms"',
+        "keyturn.watch_interval",
+        'got "500ms", which is out of range; expected 0 (off), or a duration between 1s and 7d',
+    ),
+    (
+        "keyturn.watch_interval",
+        '"8d"',
+        "keyturn.watch_interval",
+        'got "8d", which is out of range; expected 0 (off), or a duration between 1s and 7d',
+    ),
+    (
+        "vault.timeout",
+        '"100000000000d"',
+        "vault.timeout",
+        'got "100000000000d", which is out of '
+        "range; expected a duration greater than zero, at most 1h",
+    ),
+    (
+        "vault.timeout",
+        HUGE,
+        "vault.timeout",
+        "got an integer of more than 20 digits (a duration "
+        f"must be finite); expected a duration greater than zero, at most 1h: {DURATION_HELP}",
+    ),
+    (
+        "vault.renew_margin",
+        "1e308",
+        "vault.renew_margin",
+        "got 1e+308, which is out of range; expected a duration between 0s and 365d",
+    ),
+    (
+        "vault.renew_margin",
+        "inf",
+        "vault.renew_margin",
+        "got inf (a duration must be finite); "
+        f"expected a duration between 0s and 365d: {DURATION_HELP}",
+    ),
+    (
+        "vault.renew_margin",
+        "nan",
+        "vault.renew_margin",
+        "got nan (a duration must be finite); "
+        f"expected a duration between 0s and 365d: {DURATION_HELP}",
+    ),
+    (
+        "providers[0].timeout",
+        '"1h1s"',
+        f"{ACME}.timeout",
+        'got "1h1s", which is out of range; expected a duration greater than zero, at most 1h',
+    ),
+    (
+        "providers[0].max_connections",
+        "100000",
+        f"{ACME}.max_connections",
+        "got 100000, which is out of range; expected an integer between 1 and 10000",
+    ),
+    (
+        "providers[0].rate_limit",
+        "1e308",
+        f"{ACME}.rate_limit",
+        "got 1e+308, which is out of "
+        "range; expected a number of requests per second greater than zero, at most 10000",
+    ),
+    (
+        "providers[0].rate_limit",
+        "inf",
+        f"{ACME}.rate_limit",
+        "got inf; expected a number of requests per second greater than zero, at most 10000",
+    ),
+    (
+        "providers[0].rate_limit",
+        HUGE,
+        f"{ACME}.rate_limit",
+        "got an integer of more than 20 "
+        "digits; expected a number of requests per second greater than zero, at most 10000",
+    ),
+    (
+        "providers[0].default_lifetime",
+        '"366d"',
+        f"{ACME}.default_lifetime",
+        'got "366d", which is out of range; expected a duration greater than zero, at most 365d',
+    ),
+    (
+        "providers[0].max_response_bytes",
+        "1e14",
+        f"{ACME}.max_response_bytes",
+        "got 100000000000000.0; expected an integer between 1024 and 67108864 (1 KiB to 64 MiB)",
+    ),
+    (
+        "providers[0].max_response_bytes",
+        "67108865",
+        f"{ACME}.max_response_bytes",
+        "got 67108865, "
+        "which is out of range; expected an integer between 1024 and 67108864 (1 KiB to 64 MiB)",
+    ),
+    (
+        "credentials[0].refresh",
+        "{ margin = 1e308 }",
+        f"{CRED}.refresh.margin",
+        "got 1e+308, which is out of range; expected a duration between 0s and 365d",
+    ),
+    (
+        "credentials[0].refresh",
+        '{ min_interval = "400d" }',
+        f"{CRED}.refresh.min_interval",
+        'got "400d", which is out of range; expected a duration greater than zero, at most 365d',
+    ),
+    (
+        "credentials[0].refresh",
+        "{ at = nan }",
+        f"{CRED}.refresh.at",
+        "got nan; expected a fraction between 0 and 1 (exclusive)",
+    ),
+    (
+        "credentials[0].refresh",
+        "{ jitter = inf }",
+        f"{CRED}.refresh.jitter",
+        "got inf; expected a fraction >= 0 and < 0.5",
+    ),
+    (
+        "credentials[0].backoff",
+        '{ max = "100000000000d" }',
+        f"{CRED}.backoff.max",
+        'got "100000000000d", which is out of range; expected a duration greater than zero, at '
+        "most 1d",
+    ),
+    (
+        "credentials[0].backoff",
+        '{ initial = "2d", max = "1d" }',
+        f"{CRED}.backoff.initial",
+        'got "2d", which is out of range; expected a duration greater than zero, at most 1d',
+    ),
+    (
+        "credentials[0].backoff",
+        "{ multiplier = 1e308 }",
+        f"{CRED}.backoff.multiplier",
+        "got 1e+308, which is out of range; expected a number between 1 and 10",
+    ),
+    (
+        "credentials[0].backoff",
+        "{ multiplier = -inf }",
+        f"{CRED}.backoff.multiplier",
+        "got -inf; expected a number between 1 and 10",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "where", "line"),
+    RANGE_CASES,
+    ids=[f"{c[0]}={c[1][:20]}" for c in RANGE_CASES],
+)
+def test_a_value_out_of_range_is_refused_with_the_range(
+    target: str, value: str, where: str, line: str
+) -> None:
+    assert problems_of(change(target, value)) == [f"{SOURCE}: {where}: {line}"]
+
+
+ROTATION_RANGE_CASES: list[tuple[str, str, str, str]] = [
+    (
+        "credentials[1].rotation",
+        '{ max_age = "3651d", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.max_age",
+        'got "3651d", which is out of range; expected a duration between 1s and 3650d',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = 1e308, rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.max_age",
+        "got 1e+308, which is out of range; expected a duration between 1s and 3650d",
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "3650d", grace = "366d", rotator = "sandbox-keys" }',
+        f"{KEY}.rotation.grace",
+        'got "366d", which is out of range; expected a duration between 0s and 365d',
+    ),
+    (
+        "credentials[1].rotation",
+        '{ max_age = "30d", rotator = "sandbox-keys", verify_attempts = 101 }',
+        f"{KEY}.rotation.verify_attempts",
+        "got 101, which is out of range; expected an integer between 1 and 100",
+    ),
+    (
+        "rotators[2].timeout",
+        '"1h0m0s1ms"',
+        f"{X}.timeout",
+        'got "1h0m0s1ms", which is out of range; expected a duration greater than zero, at most 1h',
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "value", "where", "line"),
+    ROTATION_RANGE_CASES,
+    ids=[c[2] for c in ROTATION_RANGE_CASES],
+)
+def test_a_rotation_value_out_of_range_is_refused_with_the_range(
+    target: str, value: str, where: str, line: str
+) -> None:
+    assert problems_of(change(target, value, rotation_base)) == [f"{SOURCE}: {where}: {line}"]
+
+
+def test_every_value_out_of_range_is_reported_at_once() -> None:
+    doc = change("vault.timeout", '"100000000000d"')
+    doc = change("keyturn.max_concurrency", "0", lambda: doc)
+    doc = change("providers[0].max_response_bytes", "1e14", lambda: doc)
+    doc = change("credentials[0].refresh", "{ margin = 1e308 }", lambda: doc)
+    doc = change(
+        "credentials[0].backoff", '{ max = "100000000000d", multiplier = nan }', lambda: doc
+    )
+    wheres = sorted(line.split(": ")[1] for line in problems_of(doc))
+    assert wheres == sorted(
+        [
+            "vault.timeout",
+            "keyturn.max_concurrency",
+            f"{ACME}.max_response_bytes",
+            f"{CRED}.refresh.margin",
+            f"{CRED}.backoff.max",
+            f"{CRED}.backoff.multiplier",
+        ]
+    )
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    doc = rotation_base()
+    doc["keyturn"] = {
+        "max_concurrency": "10000",
+        "vault_concurrency": "1000",
+        "shutdown_timeout": '"1h"',
+        "watch_interval": '"7d"',
+    }
+    doc = change("vault.timeout", '"1h"', lambda: doc)
+    doc = change("vault.renew_margin", '"365d"', lambda: doc)
+    acme = {
+        "timeout": '"1h"',
+        "max_connections": "10000",
+        "rate_limit": "10000",
+        "default_lifetime": '"365d"',
+        "max_response_bytes": "67108864",
+    }
+    providers = doc["providers"]
+    assert isinstance(providers, list)
+    providers[0].update(acme)
+    credentials = doc["credentials"]
+    assert isinstance(credentials, list)
+    credentials[0]["refresh"] = '{ margin = "365d", min_interval = "365d" }'
+    credentials[0]["backoff"] = '{ initial = "1d", max = "1d", multiplier = 10 }'
+    credentials[1]["rotation"] = (
+        '{ max_age = "3650d", grace = "365d", rotator = "sandbox-keys", verify_attempts = 100 }'
+    )
+    rotators = doc["rotators"]
+    assert isinstance(rotators, list)
+    rotators[2]["timeout"] = '"1h"'
+    config = parse_config(render(doc), SOURCE, {})
+    assert config.keyturn.watch_interval == 7 * 86400
+    assert config.providers["acme"].max_response_bytes == 64 * 1024 * 1024
+    assert config.credentials[1].rotation is not None
+    assert config.credentials[1].rotation.max_age == 3650 * 86400
+    # and the lower bounds
+    doc = change("keyturn", None, lambda: doc)
+    doc["keyturn"] = {"max_concurrency": "1", "vault_concurrency": "1", "watch_interval": "0"}
+    providers[0].update({"max_connections": "1", "max_response_bytes": "1024"})
+    credentials[0]["backoff"] = '{ initial = "1ms", max = "1ms", multiplier = 1 }'
+    credentials[1]["rotation"] = '{ max_age = "1s", grace = 0, rotator = "sandbox-keys" }'
+    config = parse_config(render(doc), SOURCE, {})
+    assert config.keyturn.watch_interval == 0
+    assert config.providers["acme"].max_response_bytes == 1024
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "line"),
+    [
+        (
+            "KEYTURN_VAULT_TIMEOUT",
+            "100000000000d",
+            'vault.timeout: got "100000000000d", which is out of range; expected a duration '
+            "greater than zero, at most 1h",
+        ),
+        (
+            "KEYTURN_PROVIDERS_ACME_MAX_RESPONSE_BYTES",
+            "99999999999999999999999999999",
+            f"{ACME}.max_response_bytes: got an integer of more than 20 digits, which is out of "
+            "range; expected an integer between 1024 and 67108864 (1 KiB to 64 MiB)",
+        ),
+        (
+            "KEYTURN_PROVIDERS_ACME_MAX_RESPONSE_BYTES",
+            "1e14",
+            f'{ACME}.max_response_bytes: got "1e14"; expected an integer between 1024 and '
+            "67108864 (1 KiB to 64 MiB)",
+        ),
+        (
+            "KEYTURN_CREDENTIALS_REPORTING_BACKOFF_MULTIPLIER",
+            "1e400",
+            f'{CRED}.backoff.multiplier: got "1e400"; expected a number between 1 and 10',
+        ),
+    ],
+)
+def test_an_override_out_of_range_is_refused_with_the_range(
+    variable: str, value: str, line: str
+) -> None:
+    assert problems_of(base(), {variable: value}) == [f"{SOURCE}: environment {variable}: {line}"]
+
+
+def test_an_integer_too_long_to_read_is_one_line() -> None:
+    text = render(change("keyturn.max_concurrency", "9" * 5000))
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, SOURCE, {})
+    assert caught.value.problems == [
+        f"{SOURCE}: invalid TOML: a number too long to read; expected a TOML document"
+    ]

@@ -549,3 +549,17 @@ def test_resolve_pointer_follows_objects_and_arrays() -> None:
     for missing in ("/data/1", "/data/01", "/data/-", "/data/0/nope", "/data/x", "/nope/a"):
         with pytest.raises(KeyError):
             resolve_pointer(document, pointer_tokens(missing))
+
+
+@pytest.mark.parametrize(
+    ("value", "rendered"),
+    [
+        ("..", "/keys/%2E%2E/x"),
+        (".", "/keys/%2E/x"),
+        ("...", "/keys/.../x"),
+        ("a.b", "/keys/a.b/x"),
+    ],
+)
+def test_a_dot_segment_value_is_encoded_in_a_path(value: str, rendered: str) -> None:
+    """A provider's key id of ".." must not climb out of the templated path."""
+    assert render_path("/keys/{key_id}/x", {"key_id": value}) == rendered

@@ -123,6 +123,13 @@ def test_retry_delay_never_sleeps_past_a_share_of_the_remaining_lifetime() -> No
     assert max(retry_delay(12, BACKOFF, rng, remaining=-5) for _ in range(50)) > 100
 
 
+def test_a_credential_failing_for_weeks_still_gets_a_delay() -> None:
+    many = retry_delay(
+        100_000, BackoffPolicy(initial=1, maximum=300, multiplier=10), random.Random()
+    )
+    assert 1 <= many <= 300
+
+
 def test_retry_after_stays_a_floor_even_when_the_token_is_short() -> None:
     delay = retry_delay(1, BACKOFF, random.Random(1), retry_after=30, remaining=8)
     assert delay == 30
@@ -141,7 +148,9 @@ async def test_a_long_outage_does_not_push_the_retry_past_the_tokens_expiry(worl
         assert outcome.action == "failed"
         left = expires_at - world.clock.time()
         assert left > 0
-        assert outcome.next_due - world.clock.time() <= max(URGENT_FLOOR, left * URGENT_SHARE) + 1e-6
+        assert (
+            outcome.next_due - world.clock.time() <= max(URGENT_FLOOR, left * URGENT_SHARE) + 1e-6
+        )
         world.clock.advance(outcome.next_due - world.clock.time())
     # The provider is back before expiry: the next attempt publishes a new token in time.
     assert world.clock.time() < expires_at

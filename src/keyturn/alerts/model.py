@@ -7,8 +7,10 @@ receiver (PagerDuty `dedup_key`, Alertmanager labels) can match `resolved` to `f
 
 Alert text comes from keyturn's own messages, which never hold a value. Two defensive checks
 stand behind that: every field must be a plain `str` (a `Secret` is refused, not rendered) of
-at most `MAX_FIELD` characters, and `scrub_text` blanks anything that looks like
-`token=<value>` or `Bearer <value>` before a message becomes a summary.
+at most `MAX_FIELD` characters, and `scrub_text` blanks anything that looks like a value
+(`token=<value>`, `Bearer <value>`) before a message becomes a summary, while leaving keyturn's
+own `<field>: <reason>` words (`/oauth/token: HTTP 503`) as they are, so an alert says what
+the log line says.
 """
 
 from __future__ import annotations
@@ -51,21 +53,83 @@ DETECTORS: tuple[str, ...] = (
 _SECRET_WORDS = "|".join(
     re.escape(k) for k in sorted(SENSITIVE_KEYS | {"routing_key"}, key=len, reverse=True)
 )
-# `token=abc`, `"client_secret": "abc"`, `api_key: abc` (a known secret name, then a value).
-_KEY_VALUE = re.compile(
-    rf"""(?i)(?<![A-Za-z0-9_-])({_SECRET_WORDS})(["']?\s*[=:]\s*)(["']?)[^\s"',;&}}]+"""
+# A known secret name and what follows it: `token=abc`, `"client_secret": "abc"`,
+# `api_key: abc` — but also keyturn's own `/oauth/token: HTTP 503` and
+# `access_token: missing or not a non-empty string`. `_is_value` tells them apart.
+_NAMED = re.compile(
+    rf"""(?i)(?<![A-Za-z0-9_-])(?P<open>["']?)(?P<name>{_SECRET_WORDS})(?P=open)"""
+    r"""(?P<sep>\s*[=:])(?P<space>\s*)"""
+    r"""(?:(?P<quote>["'])(?P<quoted>[^"'\r\n]*)|(?P<bare>[^\s"',;&}\])]+))"""
 )
 # `Bearer abc`, `Basic abc` (an Authorization value).
 _AUTH_VALUE = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]+")
+# `Authorization: <another scheme> <value>`.
+_AUTH_HEADER = re.compile(
+    r"""(?i)(?<![A-Za-z0-9_-])((?:proxy-)?authorization["']?\s*[:=]\s*["']?[A-Za-z][\w-]*\s+)"""
+    r"""([^\s"',;]+)"""
+)
+# A word of a sentence: `missing`, `RemoteProtocolError`, `HTTP`, `non-empty`.
+_WORD = re.compile(r"[A-Za-z]+(?:-[A-Za-z]+)*")
+# What a generated value looks like: 8+ characters mixing letters and digits, not a path.
+_GENERATED = re.compile(r"(?=\S*[0-9])(?=\S*[A-Za-z])[^/\s]\S{7,}")
+# The sentence goes on after the first token: `3 consecutive …`, `/oauth/token: HTTP 503`.
+_GOES_ON = re.compile(r"[ \t]+[\w/(]")
+
+
+def _is_value(match: re.Match[str]) -> bool:
+    """Whether what follows a secret's name in `match` is a value (not keyturn's prose).
+
+    Query, form, JSON and compact forms (`token=x`, `"token": "x"`, `token:x`) always hold a
+    value. keyturn writes `<field or path>: <reason>` with a space after the colon; there, a
+    word (`missing`, `HTTP`, `RemoteProtocolError`) is prose, and so is a number or a path
+    that a sentence goes on after (`3 consecutive failed runs`). A single token that ends the
+    clause, or one that looks generated, is a value.
+    """
+    if match["open"] or match["quote"] is not None or "=" in match["sep"]:
+        return True
+    if not match["space"]:
+        return True
+    token = match["bare"]
+    if _WORD.fullmatch(token):
+        return False
+    if _GOES_ON.match(match.string, match.end()):
+        return _GENERATED.fullmatch(token) is not None
+    return True
+
+
+def _blank_named_values(text: str) -> str:
+    parts: list[str] = []
+    position = 0
+    while (match := _NAMED.search(text, position)) is not None:
+        group = "bare" if match["quote"] is None else "quoted"
+        start, end = match.span(group)
+        parts.append(text[position:start])
+        if _is_value(match):
+            parts.append(PLACEHOLDER)
+            position = end
+        else:
+            position = start  # the words after the name are read again for names of their own
+    parts.append(text[position:])
+    return "".join(parts)
+
+
+def _blank_auth_header(match: re.Match[str]) -> str:
+    value = match[2]
+    return match[0] if _WORD.fullmatch(value) else f"{match[1]}{PLACEHOLDER}"
 
 
 def scrub_text(text: str) -> str:
-    """`text` with values after known secret names and auth schemes replaced by a placeholder.
+    """`text` with secret values replaced by a placeholder, and its words left alone.
 
-    A net under keyturn's messages (which never carry values), not a reason to log values.
+    Blanked: what follows `Bearer`/`Basic` and an Authorization header's scheme; the value in
+    `token=x`, `"client_secret": "x"`, `api_key:x`, and a lone or generated-looking token in
+    `api_key: x`. Kept: keyturn's `<field or path>: <reason>`, e.g. `/oauth/token: HTTP 503`
+    or `access_token: missing or not a non-empty string`. A net under keyturn's messages
+    (which never carry values), not a reason to log values. Scrubbing twice changes nothing.
     """
     text = _AUTH_VALUE.sub(lambda m: f"{m[1]} {PLACEHOLDER}", text)
-    return _KEY_VALUE.sub(lambda m: f"{m[1]}{m[2]}{m[3]}{PLACEHOLDER}", text)
+    text = _AUTH_HEADER.sub(_blank_auth_header, text)
+    return _blank_named_values(text)
 
 
 def clip(text: str, limit: int = MAX_FIELD) -> str:

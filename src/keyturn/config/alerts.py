@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from keyturn.alerts.model import DETECTORS, SEVERITIES
 from keyturn.config.fields import (
+    MAX_TIMEOUT,
     NAME_RULE,
     URL,
     Field,
@@ -115,8 +116,12 @@ _DETECTORS = _names(
     DETECTORS,
     "detector",
 )
-_RATE = number("a number of alerts per minute > 0", lambda x: x > 0)
-_REPEAT = duration(positive=True, minimum=60.0)
+_RATE = number(
+    "a number of alerts per minute greater than zero, at most 10000", lambda x: 0 < x <= 10_000
+)
+_REPEAT = duration(minimum=60.0)
+_TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
+_RETRIES = integer(0, 100)
 
 
 def load_alerts(root: Table, credentials: list[str] | None) -> list[AlertHookConfig]:
@@ -171,8 +176,8 @@ def _hook(t: Table, credentials: list[str] | None) -> AlertHookConfig | None:
         credentials=t.optional("credentials", names),
         rate_limit=t.get("rate_limit", _RATE, d.rate_limit),
         repeat_interval=t.get("repeat_interval", _REPEAT, d.repeat_interval),
-        timeout=t.get("timeout", duration(positive=True), d.timeout),
-        max_retries=t.get("max_retries", integer(0), d.max_retries),
+        timeout=t.get("timeout", _TIMEOUT, d.timeout),
+        max_retries=t.get("max_retries", _RETRIES, d.max_retries),
         runbook_base=t.optional("runbook_base", _RUNBOOK),
     )
     t.finish(f' for type "{hook_type}"')

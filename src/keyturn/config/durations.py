@@ -2,6 +2,8 @@
 
 Units: `d` (days), `h`, `m`, `s`, `ms`; combined largest to smallest, each at most once.
 Values are returned as float seconds, which is what every timing rule in keyturn takes.
+Any finite, non-negative number parses; each key's range is checked by its field
+(`keyturn.config.fields.duration`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("a boolean is not a duration")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer beyond any float
+            raise ValueError("a duration must be finite") from None
     elif isinstance(value, str):
         seconds = _parse_text(value.strip())
     else:

@@ -4,6 +4,10 @@ A `Field` pairs a description of what is expected with a `convert(value, from_en
 returns the typed value or raises `Invalid("<what was wrong>; expected <what>")`. Values
 from the environment are text and are read by the field's type (`true`/`false`/`1`/`0`,
 numbers, durations). Fields that may hold a secret never put the value in a message.
+
+Every number has a range, and the message of a value outside it states the range: a
+duration is at most `maximum` seconds, an integer at most `maximum`, so that a typo such as
+`"100000000000d"` or `1e308` is refused at load rather than overflowing a timer later.
 """
 
 from __future__ import annotations
@@ -37,6 +41,16 @@ NAME_EXPECTED = (
 )
 LOOPBACK_HOSTS = "127.0.0.0/8, ::1, localhost"
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
+# In an HTTP path also the C1 controls and Unicode's line and paragraph separators.
+_PATH_CONTROL = re.compile(r"[\x00-\x20\x7f-\x9f\u2028\u2029]")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
+_DOT_SEGMENT = re.compile(r"\.|\.\.|%2e|\.%2e|%2e\.|%2e%2e", re.IGNORECASE)
+
+DAY = 86400.0
+HOUR = 3600.0
+# The longest duration most keys take, and the longest time-out.
+MAX_DURATION = 365 * DAY
+MAX_TIMEOUT = HOUR
 
 
 class Invalid(Exception):
@@ -53,6 +67,8 @@ def describe(value: object) -> str:
     """A short rendering of a (non-secret) value for a problem line."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and abs(value) >= 10**20:  # not a wall of digits
+        return "an integer of more than 20 digits"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
@@ -125,55 +141,83 @@ def _boolean(value: object, from_env: bool) -> bool:
 BOOLEAN: Field[bool] = Field("true or false (in the environment also 1 or 0)", _boolean)
 
 
-def integer(minimum: int) -> Field[int]:
-    """An integer ≥ `minimum`."""
-    expected = f"an integer >= {minimum}"
+def integer(minimum: int, maximum: int, unit: str = "") -> Field[int]:
+    """An integer from `minimum` to `maximum` (both included); `unit` follows the range in
+    messages, e.g. " (1 KiB to 64 MiB)"."""
+    expected = f"an integer between {minimum} and {maximum}{unit}"
 
     def convert(value: object, from_env: bool) -> int:
-        if from_env and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        if from_env and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value):
             value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if isinstance(value, bool) or not isinstance(value, int):
             raise Invalid(f"got {describe(value)}; expected {expected}")
+        if not minimum <= value <= maximum:
+            raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
         return value
 
     return Field(expected, convert)
 
 
 def number(expected: str, check: Callable[[float], bool]) -> Field[float]:
-    """A finite number (int or float) for which `check` holds."""
+    """A finite number (int or float) for which `check` holds; `expected` states the range."""
 
     def convert(value: object, from_env: bool) -> float:
-        result: float | None = None
-        if from_env and isinstance(value, str):
-            try:
-                result = float(value)
-            except ValueError:
-                result = None
+        readable: str | float | None = None
+        if isinstance(value, str):
+            readable = value if from_env else None
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            result = float(value)
-        if result is None or not math.isfinite(result) or not check(result):
+            readable = value
+        result: float | None = None
+        if readable is not None:
+            try:
+                result = float(readable)
+            except (ValueError, OverflowError):  # not a number, or an int beyond any float
+                result = None
+        if result is None or not math.isfinite(result):
             raise Invalid(f"got {describe(value)}; expected {expected}")
+        if not check(result):
+            raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
         return result
 
     return Field(expected, convert)
 
 
-def duration(*, positive: bool, minimum: float = 0.0) -> Field[float]:
-    """A duration in seconds (number or text such as "5m"); > 0 if `positive`, else >= 0;
-    and at least `minimum` seconds."""
-    if minimum > 0:
-        bound = f"of at least {format_duration(minimum)}"
-    else:
-        bound = "greater than zero" if positive else "zero or more"
-    expected = f"a duration {bound}: {DURATION_HELP}"
+def duration_range(
+    *, maximum: float, minimum: float = 0.0, positive: bool = False, off: bool = False
+) -> str:
+    """The words for a duration's range, e.g. "a duration between 1s and 365d"."""
+    if off:
+        return (
+            f"0 (off), or a duration between {format_duration(minimum)} and "
+            f"{format_duration(maximum)}"
+        )
+    if positive and minimum == 0:
+        return f"a duration greater than zero, at most {format_duration(maximum)}"
+    return f"a duration between {format_duration(minimum)} and {format_duration(maximum)}"
+
+
+def duration(
+    *,
+    maximum: float = MAX_DURATION,
+    minimum: float = 0.0,
+    positive: bool = False,
+    off: bool = False,
+) -> Field[float]:
+    """A duration in seconds (number or text such as "5m") of at most `maximum` seconds and at
+    least `minimum`; greater than zero if `positive`. With `off`, 0 is also accepted (it
+    turns the feature off) and `minimum` applies to any other value."""
+    bound = duration_range(maximum=maximum, minimum=minimum, positive=positive, off=off)
+    expected = f"{bound}: {DURATION_HELP}"
 
     def convert(value: object, _env: bool) -> float:
         try:
             seconds = parse_duration(value)
         except ValueError as exc:
             raise Invalid(f"got {describe(value)} ({exc}); expected {expected}") from None
-        if (positive and seconds == 0) or seconds < minimum:
-            raise Invalid(f"got {describe(value)}; expected {expected}")
+        if off and seconds == 0:
+            return seconds
+        if seconds > maximum or seconds < minimum or (positive and seconds == 0):
+            raise Invalid(f"got {describe(value)}, which is out of range; expected {bound}")
         return seconds
 
     return Field(expected, convert)
@@ -298,18 +342,41 @@ def kv_path(expected: str) -> Field[str]:
     return Field(expected, convert)
 
 
+def http_path_problem(path: str) -> str | None:
+    """Why `path` is not a path relative to a provider's base_url (None if it is): what
+    follows "got <path>" in a problem line."""
+    if _SCHEME.match(path):
+        return ", which has a scheme (a full URL)"
+    if path.startswith("//"):
+        return ', which names a host ("//")'
+    if "\\" in path:
+        return ", which has a backslash"
+    if _PATH_CONTROL.search(path):
+        return ", which has spaces or control characters"
+    if "#" in path:
+        return ", which has a #fragment"
+    if not path.startswith("/"):
+        return ""
+    segments = path.split("?", 1)[0].split("/")
+    if any(_DOT_SEGMENT.fullmatch(segment) for segment in segments):
+        return ', which has a "." or ".." segment'
+    return None
+
+
 def _http_path(value: object, _env: bool) -> str:
     expected = HTTP_PATH.expected
     result = _text(value, expected)
-    if not result.startswith("/") or result.startswith("//"):
-        raise Invalid(f"got {describe(result)}; expected {expected}")
-    if "#" in result or _CONTROL.search(result):
-        raise Invalid(f"got {describe(result)}; expected {expected}")
+    problem = http_path_problem(result)
+    if problem is not None:
+        raise Invalid(f"got {describe(result)}{problem}; expected {expected}")
     return result
 
 
 HTTP_PATH: Field[str] = Field(
-    'a path starting with "/", e.g. "/oauth/token", without spaces or #fragment', _http_path
+    'a path starting with "/", relative to the provider\'s base_url, e.g. "/oauth/token": '
+    'no scheme or "//host", no "." or ".." segment, no backslash, spaces, control characters '
+    "or #fragment",
+    _http_path,
 )
 
 

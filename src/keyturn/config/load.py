@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 from keyturn.config.alerts import load_alerts
 from keyturn.config.fields import (
     BOOLEAN,
+    DAY,
     HTTP_PATH,
     LISTEN,
     LOOPBACK_HOSTS,
+    MAX_TIMEOUT,
     NAME,
     REFERENCE_OR_INLINE,
     URL,
@@ -101,6 +103,21 @@ _MOUNT = kv_path('a mount path, e.g. "secret" (no leading or trailing "/")')
 _INSTANCE_ID = text(
     "an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}")
 )
+# Ranges (docs/configuration.md lists them): time-outs up to an hour, other durations up
+# to a year unless said otherwise, counts within what one process can use.
+_TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
+_CONCURRENCY = integer(1, 10_000)
+_VAULT_THREADS = integer(1, 1_000)
+_WATCH_INTERVAL = duration(off=True, minimum=1.0, maximum=7 * DAY)
+_MARGIN = duration()
+_LIFETIME = duration(positive=True)
+_MAX_RESPONSE_BYTES = integer(1024, 64 * 1024 * 1024, " (1 KiB to 64 MiB)")
+_PROVIDER_RATE = number(
+    "a number of requests per second greater than zero, at most 10000",
+    lambda x: 0 < x <= 10_000,
+)
+_BACKOFF_WAIT = duration(positive=True, maximum=DAY)
+_MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
 
 
 def load_config(path: Path, environ: Mapping[str, str] = os.environ) -> Config:
@@ -133,6 +150,10 @@ def parse_config(
     except tomllib.TOMLDecodeError as exc:
         # tomllib's messages give the position and never the offending value.
         raise ConfigError([f"{source}: invalid TOML: {exc}; expected a TOML document"]) from None
+    except ValueError:  # an integer too long for Python to read (more than 4300 digits)
+        raise ConfigError(
+            [f"{source}: invalid TOML: a number too long to read; expected a TOML document"]
+        ) from None
     ctx = Context(source, environ, base_dir if base_dir is not None else Path(source).parent)
     root = Table(ctx, data, "", ENV_PREFIX)
     daemon = _daemon(root.table("keyturn", "a table ([keyturn])"))
@@ -185,10 +206,10 @@ def _daemon(t: Table | None) -> DaemonSettings | None:
         instance_id=t.get("instance_id", _INSTANCE_ID, socket.gethostname() or "keyturn"),
         state_prefix=t.get("state_prefix", _KV_PATH, d.state_prefix),
         log_level=t.get("log_level", choice(LOG_LEVELS), d.log_level),
-        max_concurrency=t.get("max_concurrency", integer(1), d.max_concurrency),
-        vault_concurrency=t.get("vault_concurrency", integer(1), d.vault_concurrency),
-        shutdown_timeout=t.get("shutdown_timeout", duration(positive=True), d.shutdown_timeout),
-        watch_interval=t.get("watch_interval", duration(positive=False), d.watch_interval),
+        max_concurrency=t.get("max_concurrency", _CONCURRENCY, d.max_concurrency),
+        vault_concurrency=t.get("vault_concurrency", _VAULT_THREADS, d.vault_concurrency),
+        shutdown_timeout=t.get("shutdown_timeout", _TIMEOUT, d.shutdown_timeout),
+        watch_interval=t.get("watch_interval", _WATCH_INTERVAL, d.watch_interval),
         on_external_change=t.get(
             "on_external_change", choice(EXTERNAL_CHANGE_RESPONSES), d.on_external_change
         ),
@@ -234,8 +255,8 @@ def _vault(t: Table | None, ctx: Context) -> VaultSettings | None:
     mount = t.get("mount", _MOUNT, d.mount)
     namespace = t.optional("namespace", text('a Vault namespace, e.g. "admin/team"'))
     ca_cert = t.optional("ca_cert", fs_path(ctx.base_dir))
-    timeout = t.get("timeout", duration(positive=True), d.timeout)
-    renew_margin = t.get("renew_margin", duration(positive=False), d.renew_margin)
+    timeout = t.get("timeout", _TIMEOUT, d.timeout)
+    renew_margin = t.get("renew_margin", _MARGIN, d.renew_margin)
     if address is not None:
         _check_transport(t, "address", address, allow, loopback_needs_flag=False)
     t.finish()
@@ -302,13 +323,11 @@ def _provider(t: Table) -> ProviderConfig | None:
         revoke_path=t.optional("revoke_path", HTTP_PATH),
         token_request=t.get("token_request", choice(TOKEN_REQUESTS), d.token_request),
         client_auth=t.get("client_auth", choice(CLIENT_AUTHS), d.client_auth),
-        timeout=t.get("timeout", duration(positive=True), d.timeout),
-        max_connections=t.get("max_connections", integer(1), d.max_connections),
-        rate_limit=t.optional(
-            "rate_limit", number("a number of requests per second > 0", lambda x: x > 0)
-        ),
-        default_lifetime=t.get("default_lifetime", duration(positive=True), d.default_lifetime),
-        max_response_bytes=t.get("max_response_bytes", integer(1024), d.max_response_bytes),
+        timeout=t.get("timeout", _TIMEOUT, d.timeout),
+        max_connections=t.get("max_connections", _CONCURRENCY, d.max_connections),
+        rate_limit=t.optional("rate_limit", _PROVIDER_RATE),
+        default_lifetime=t.get("default_lifetime", _LIFETIME, d.default_lifetime),
+        max_response_bytes=t.get("max_response_bytes", _MAX_RESPONSE_BYTES, d.max_response_bytes),
     )
     if base_url is not None:
         _check_transport(t, "base_url", base_url, allow, loopback_needs_flag=True)
@@ -359,14 +378,10 @@ def _credential(
         client_secret = need("client_secret", _CLIENT_SECRET)
         scope = t.optional("scope", text('space-separated scopes, e.g. "read write"'))
     publish_to = t.require("publish_to", _KV_PATH)
-    if publish_to is not None and (
-        publish_to == state_prefix or publish_to.startswith(state_prefix + "/")
-    ):
-        t.problem(
-            "publish_to",
-            f'"{publish_to}" is under state_prefix "{state_prefix}", which only keyturn may '
-            "read; expected a path outside it",
-        )
+    if publish_to is not None:
+        overlap = state_prefix_overlap(publish_to, state_prefix)
+        if overlap is not None:
+            t.problem("publish_to", overlap)
     probe = (t.require if kind == "api_key" else t.optional)("probe", HTTP_PATH)
     if kind != "api_key":
         refresh = _refresh(t.table("refresh", "a table ([credentials.refresh])"))
@@ -410,6 +425,27 @@ def _credential(
     )
 
 
+def state_prefix_overlap(publish_to: str, state_prefix: str) -> str | None:
+    """Why apps reading `publish_to` could read keyturn's private records under
+    `state_prefix` (None if they could not). Paths are compared by "/" segments:
+    "keyturn/statefoo" is not under "keyturn/state"."""
+    published = publish_to.split("/")
+    private = state_prefix.split("/")
+    if published == private:
+        where = "is keyturn.state_prefix"
+    elif published[: len(private)] == private:
+        where = f'is under keyturn.state_prefix "{state_prefix}"'
+    elif private[: len(published)] == published:
+        where = f'is above keyturn.state_prefix "{state_prefix}" (a prefix of it)'
+    else:
+        return None
+    return (
+        f'"{publish_to}" {where}, keyturn\'s private records, which no app may read; '
+        "expected a path outside keyturn.state_prefix and not a prefix of it (paths compare "
+        'by "/" segments)'
+    )
+
+
 def _credential_rotation(
     t: Table, kind: CredentialKind | None, rotators: RotatorIndex
 ) -> RotationPolicy | None:
@@ -431,8 +467,8 @@ def _refresh(t: Table | None) -> RefreshPolicy | None:
     d = _REFRESH
     at = t.get("at", number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1), d.at)
     jitter = t.get("jitter", number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5), d.jitter)
-    margin = t.get("margin", duration(positive=False), d.margin)
-    min_interval = t.get("min_interval", duration(positive=True), d.min_interval)
+    margin = t.get("margin", _MARGIN, d.margin)
+    min_interval = t.get("min_interval", _LIFETIME, d.min_interval)
     if at - jitter <= 0 or at + jitter >= 1:
         t.problem(
             "jitter",
@@ -447,9 +483,9 @@ def _backoff(t: Table | None) -> BackoffPolicy | None:
     if t is None:
         return None
     d = _BACKOFF
-    initial = t.get("initial", duration(positive=True), d.initial)
-    maximum = t.get("max", duration(positive=True), d.maximum)
-    multiplier = t.get("multiplier", number("a number >= 1", lambda x: x >= 1), d.multiplier)
+    initial = t.get("initial", _BACKOFF_WAIT, d.initial)
+    maximum = t.get("max", _BACKOFF_WAIT, d.maximum)
+    multiplier = t.get("multiplier", _MULTIPLIER, d.multiplier)
     if maximum < initial:
         t.problem("max", f"is shorter than initial; expected max >= initial ({initial:g}s)")
     t.finish()

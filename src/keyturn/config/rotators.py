@@ -24,13 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from keyturn.config.fields import (
+    DAY,
     HTTP_PATH,
+    MAX_TIMEOUT,
     NAME,
     Field,
     Invalid,
     choice,
     describe,
     duration,
+    http_path_problem,
     integer,
     kind_of,
     secret_reference,
@@ -75,6 +78,11 @@ _AUTH_SCHEME = text(
     'an HTTP auth scheme, e.g. "Bearer" or "Token"',
     re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}"),
 )
+_EXEC_TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
+# A key may live up to ten years; the old one stays valid for at most a year after.
+_MAX_AGE = duration(minimum=1.0, maximum=3650 * DAY)
+_GRACE = duration()
+_VERIFY_ATTEMPTS = integer(1, 100)
 _CALL_EXAMPLE = {
     "create": 'create = { path = "/keys", body = \'{"name": "{key_name}"}\', value = "/key", '
     'id = "/key_id" }',
@@ -107,7 +115,8 @@ def path_template(allowed: tuple[str, ...]) -> Field[str]:
         try:
             path = HTTP_PATH.convert(value, from_env)
         except Invalid:
-            raise Invalid(f"got {describe(value)}; expected {expected}") from None
+            reason = http_path_problem(value) if isinstance(value, str) else None
+            raise Invalid(f"got {describe(value)}{reason or ''}; expected {expected}") from None
         if stray_brace(path):
             raise Invalid(
                 f'got {describe(path)}, which has a "{{" or "}}" outside a {{placeholder}}; '
@@ -266,7 +275,7 @@ def _rotator(
         result = _http(t, name, providers)
     elif rotator_type == "exec":
         command = t.require("command", COMMAND)
-        timeout = t.get("timeout", duration(positive=True), _EXEC.timeout)
+        timeout = t.get("timeout", _EXEC_TIMEOUT, _EXEC.timeout)
         result = ExecRotatorConfig(name, command, timeout) if command is not None else None
     else:
         result = ManualRotatorConfig(name)
@@ -357,10 +366,10 @@ def load_rotation(
     t: Table, kind: CredentialKind | None, rotators: RotatorIndex
 ) -> RotationPolicy | None:
     """A credential's `rotation` table."""
-    max_age = t.require("max_age", duration(positive=True, minimum=1.0))
-    grace = t.get("grace", duration(positive=False), _ROTATION.grace)
+    max_age = t.require("max_age", _MAX_AGE)
+    grace = t.get("grace", _GRACE, _ROTATION.grace)
     rotator = t.require("rotator", NAME)
-    attempts = t.get("verify_attempts", integer(1), _ROTATION.verify_attempts)
+    attempts = t.get("verify_attempts", _VERIFY_ATTEMPTS, _ROTATION.verify_attempts)
     if max_age is not None and grace >= max_age:
         t.problem(
             "grace",

@@ -5,7 +5,8 @@ A template is a path or a JSON body with `{placeholder}`s:
     path = "/admin/oauth-apps/{client_id}/secrets/{key_id}"
     body = '{"name": "{key_name}", "description": "rotated by keyturn"}'
 
-In a path a value is URL-quoted (every character but unreserved ones); in a body it is
+In a path a value is URL-quoted (every character but unreserved ones, and the dots of a value
+that is "." or "..", which would otherwise be a dot segment); in a body it is
 JSON-string-escaped, so a body placeholder belongs inside a JSON string. A JSON object's
 keys are always quoted, so `{identifier}` never occurs in JSON itself: every such match in a
 body is a placeholder. A JSON pointer (RFC 6901) names a value in a response: "" is the
@@ -40,7 +41,11 @@ def stray_brace(path: str) -> bool:
 def _fill(template: str, values: Mapping[str, str], *, body: bool) -> str:
     def one(match: re.Match[str]) -> str:
         value = values[match[1]]  # KeyError: the caller checks the names first
-        return json.dumps(value)[1:-1] if body else quote(value, safe="")
+        if body:
+            return json.dumps(value)[1:-1]
+        quoted = quote(value, safe="")
+        # "." and ".." are left as they are by quoting, and would be dot segments.
+        return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
     return PLACEHOLDER.sub(one, template)
 
