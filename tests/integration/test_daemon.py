@@ -305,6 +305,14 @@ def test_check_reports_each_problem_and_passes_when_ready(deploy) -> None:
     assert "unreachable" in result.stderr
 
 
+def test_check_refuses_a_token_path_that_is_not_a_token_endpoint(deploy) -> None:
+    deployment = deploy(["lambda_"], provider={"token_path": "/v1/oauth/token"})
+    result = keyturn("check", "-c", str(deployment.config_path))
+    assert result.returncode == 1
+    assert "providers['sandbox']" in result.stderr
+    assert "/v1/oauth/token answered HTTP 404 without an RFC 6749 error body" in result.stderr
+
+
 def test_no_secret_in_logs_or_status(deploy, daemons) -> None:
     deployment = deploy(["iota", "kappa"])
     daemon = daemons(deployment)

@@ -25,6 +25,7 @@ from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, HttpRotatorConfig
 from keyturn.errors import KeyturnError
 from keyturn.layout import state_path
+from keyturn.providers.tokens import parse_error_response
 from keyturn.references import ReferenceResolver
 from keyturn.vault.store import KvStore
 
@@ -145,9 +146,27 @@ async def _check_providers(config: Config) -> list[str]:
                     f"({type(exc).__name__})"
                 )
                 continue
-            if response.status_code >= 500:
-                problems.append(
-                    f"providers[{provider.name!r}]: {provider.token_url} answered "
-                    f"HTTP {response.status_code}"
-                )
+            problem = token_endpoint_problem(response.status_code, response.content)
+            if problem is not None:
+                problems.append(f"providers[{provider.name!r}]: {provider.token_url} {problem}")
     return problems
+
+
+def token_endpoint_problem(status: int, body: bytes) -> str | None:
+    """Why an answer to a bogus grant does not prove a token endpoint (None if it does).
+
+    Only a 2xx or an RFC 6749 §5.2 error (400/401 with its JSON body) proves one: a 404 or 405 (a wrong `token_path`),
+    an HTML error page or a 5xx could come from anything at that URL.
+    """
+    if 200 <= status < 300:
+        return None
+    # RFC 6749 §5.2: an error is a 400 (401 for client authentication) with a JSON body
+    # naming it; a 404 that happens to be JSON with an "error" member proves nothing.
+    if status in (400, 401) and parse_error_response(body[:65536], status, "check") is not None:
+        return None
+    if status >= 500:
+        return f"answered HTTP {status}; expected the token endpoint to answer"
+    return (
+        f"answered HTTP {status} without an RFC 6749 error body: not a token endpoint; "
+        "expected token_path to name the provider's token endpoint (e.g. /oauth/token)"
+    )
