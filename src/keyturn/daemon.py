@@ -296,7 +296,9 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
 
     async def journal_version(name: str) -> tuple[int | None, bool]:
         """The published version the journal records, and whether a run holds the lease."""
-        entry = await runtime.store.read(state_path(runtime.config.keyturn.state_prefix, name))
+        entry = await runtime.store.read(
+            state_path(runtime.config.keyturn.state_prefix, name), consistent=True
+        )
         if entry is None:
             return None, False
         state = CredentialState.from_data(entry.data, name)

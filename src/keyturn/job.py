@@ -250,7 +250,7 @@ class CredentialJob:
     ) -> Outcome:
         forced = {t.name for t in self.tasks} if force is True else set(force or ())
         try:
-            entry = await self._store.read(self._path)
+            entry = await self._store.read(self._path, consistent=True)
             state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
             version = entry.version if entry else 0
         except KeyturnError as error:

@@ -90,7 +90,7 @@ def api_key_job(
         return version
 
     async def published_key_id() -> tuple[str | None, int] | None:
-        entry = await store.read(publish_to)
+        entry = await store.read(publish_to, consistent=True)
         return (entry.data.get("key_id"), entry.version) if entry else None
 
     rotation = KeyRotation(

@@ -182,7 +182,7 @@ class TokenRefresh:
             return state.next_due  # failing or expired: the retry time
         if state.published_version != self._confirmed_version:
             # First look in this process (e.g. after a restart): is what apps read still ours?
-            published = await self._store.read_metadata(self.target.publish_to)
+            published = await self._store.read_metadata(self.target.publish_to, consistent=True)
             if published is None or published.current_version != state.published_version:
                 return now
             self._confirmed_version = state.published_version
@@ -478,7 +478,7 @@ async def publish_with_cas(
     try:
         return await store.write(path, data, cas=last_version or 0, custom_metadata=metadata)
     except VaultCasConflict:
-        current = await store.read_metadata(path)
+        current = await store.read_metadata(path, consistent=True)
         seen = current.current_version if current else 0
         if last_version is not None and report:
             observer.suspicious(

@@ -92,7 +92,7 @@ class PublishedWatcher:
         known = self._known(target.name)
         if known is None:
             return []  # never published by this process yet: nothing to compare with
-        metadata = await self._store.read_metadata(target.publish_to)
+        metadata = await self._store.read_metadata(target.publish_to, consistent=True)
         found = findings(metadata, known, target.name)
         if found:
             # Another instance (or this one, since its last run) may have published: the

@@ -511,7 +511,7 @@ def test_quoted_unknown_keys_are_shown_quoted_in_the_path() -> None:
         parse_config(text, SOURCE, {})
     assert caught.value.problems == [
         f'{SOURCE}: vault["odd key"]: unknown key; expected one of: address, '
-        "allow_insecure_http, auth, mount, namespace, ca_cert, timeout, renew_margin"
+        "allow_insecure_http, auth, mount, namespace, ca_cert, timeout, renew_margin, nodes"
     ]
 
 

@@ -301,6 +301,19 @@ async def test_a_rate_limited_refresh_keeps_its_token(world: World) -> None:
     assert state.refresh_token == held and state.refresh_in_flight is None
 
 
+async def test_a_lagging_vault_node_never_makes_a_refresh_token_be_sent_twice() -> None:
+    world, job = await refresh_token_world()
+    world.store.stale_by = 2  # plain reads answer from a copy two versions behind
+    before = len(world.store.reads)
+    for _ in range(4):
+        outcome = await job.run(force=True)
+        assert outcome.action == "refreshed", outcome.error
+    assert world.server.reuse == 0
+    assert world.server.grants.count("refresh_token") == 4
+    job_reads = world.store.reads[before:]
+    assert job_reads and all(consistent for _op, path, consistent in job_reads if path == STATE)
+
+
 # -- 4. the lease is short and renewed -----------------------------------------------------------
 
 

@@ -291,6 +291,25 @@ def _url(value: object, _env: bool) -> str:
 URL: Field[str] = Field("an https:// URL without ?query or #fragment", _url)
 
 
+def _urls(value: object, from_env: bool) -> tuple[str, ...]:
+    if from_env and isinstance(value, str):  # KEYTURN_VAULT_NODES="https://a,https://b"
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"got {describe(value)}; expected {URLS.expected}")
+    result: list[str] = []
+    for item in value:
+        url = _url(item, from_env)
+        if url not in result:
+            result.append(url)
+    return tuple(result)
+
+
+URLS: Field[tuple[str, ...]] = Field(
+    'a non-empty array of https:// URLs, e.g. ["https://vault-1:8200", "https://vault-2:8200"]',
+    _urls,
+)
+
+
 def is_loopback(host: str) -> bool:
     """Whether `host` is 127.0.0.0/8, ::1 or localhost."""
     if host.lower().rstrip(".") == "localhost":

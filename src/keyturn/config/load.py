@@ -27,6 +27,7 @@ from keyturn.config.fields import (
     NAME,
     REFERENCE_OR_INLINE,
     URL,
+    URLS,
     choice,
     duration,
     fs_path,
@@ -257,8 +258,11 @@ def _vault(t: Table | None, ctx: Context) -> VaultSettings | None:
     ca_cert = t.optional("ca_cert", fs_path(ctx.base_dir))
     timeout = t.get("timeout", _TIMEOUT, d.timeout)
     renew_margin = t.get("renew_margin", _MARGIN, d.renew_margin)
+    nodes = t.get("nodes", URLS, d.nodes)
     if address is not None:
         _check_transport(t, "address", address, allow, loopback_needs_flag=False)
+    for node in nodes:
+        _check_transport(t, "nodes", node, allow, loopback_needs_flag=False)
     t.finish()
     if address is None or auth is None:
         return None
@@ -271,6 +275,7 @@ def _vault(t: Table | None, ctx: Context) -> VaultSettings | None:
         timeout=timeout,
         renew_margin=renew_margin,
         allow_insecure_http=allow,
+        nodes=nodes,
     )
 
 

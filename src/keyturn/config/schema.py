@@ -112,6 +112,7 @@ class VaultSettings:
     mount: the KV v2 mount that holds published paths and `state_prefix`.
     renew_margin: renew keyturn's own token at 2/3 of its TTL, and no later than this many
         seconds before it expires.
+    nodes: more addresses of the same cluster, tried when `address` cannot be reached.
     """
 
     address: str
@@ -122,6 +123,7 @@ class VaultSettings:
     timeout: float = 10.0
     renew_margin: float = 300.0
     allow_insecure_http: bool = False
+    nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

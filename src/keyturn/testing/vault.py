@@ -7,7 +7,8 @@ globs) turns denied calls into `VaultPermissionDenied`. The contract suite runs 
 and a real OpenBao, so what a unit test learns from the fake holds against Vault.
 
 Test conveniences: `fail_next(exc)`, `unavailable`, `writes`, `external_write`,
-`delete_versions`, `destroy_versions`.
+`delete_versions`, `destroy_versions`; `reads` (every read, and whether it asked to be
+`consistent`) and `stale_by` (a lagging standby: plain reads miss the latest versions).
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ class FakeVaultStore:
         self._closed = False
         self.unavailable = False  # True: every call raises VaultUnavailable, as if Vault were down
         self.writes: list[tuple[str, int]] = []  # (path, version) of every write through the API
+        # ("read" | "read_metadata" | "read_field", path, consistent) of every read.
+        self.reads: list[tuple[str, str, bool]] = []
+        # A lagging standby: reads without `consistent=True` on this store's mount answer as if
+        # the last `stale_by` versions of each secret had not been written yet (custom metadata
+        # excepted). Writes, check-and-set and consistent reads always see the current data.
+        self.stale_by = 0
         self.authenticated = True
 
     def __repr__(self) -> str:
@@ -122,17 +129,19 @@ class FakeVaultStore:
 
     # -- KvStore -----------------------------------------------------------------------------
 
-    async def read(self, path: str) -> KvEntry | None:
+    async def read(self, path: str, *, consistent: bool = False) -> KvEntry | None:
         self._enter("read", path)
+        self.reads.append(("read", path, consistent))
         self._check(f"{self.mount}/data/{path}", "read", path)
         record = self._records.get((self.mount, path))
-        version = record.versions.get(record.current_version) if record else None
+        number = self._visible(record, consistent)
+        version = record.versions.get(number) if record else None
         if record is None or version is None or not _live(version):
             return None
         return KvEntry(
             path=path,
             data=dict(version.data),
-            version=record.current_version,
+            version=number,
             custom_metadata=dict(record.custom_metadata),
             created_time=version.created_time,
         )
@@ -164,20 +173,25 @@ class FakeVaultStore:
             record.custom_metadata = dict(custom_metadata)
         return record.current_version
 
-    async def read_metadata(self, path: str) -> KvMetadata | None:
+    async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
         self._enter("read metadata", path)
+        self.reads.append(("read_metadata", path, consistent))
         self._check(f"{self.mount}/metadata/{path}", "read", path)
         record = self._records.get((self.mount, path))
         if record is None:
             return None
+        number = self._visible(record, consistent)
+        if number <= 0 and record.current_version > 0:
+            return None  # the lagging copy has not seen the secret yet
         return KvMetadata(
             path=path,
-            current_version=record.current_version,
+            current_version=number,
             oldest_version=record.oldest_version,
             custom_metadata=dict(record.custom_metadata),
             versions={
                 n: VersionInfo(v.created_time, v.deletion_time, v.destroyed)
                 for n, v in record.versions.items()
+                if n <= number
             },
             created_time=record.created_time,
             updated_time=record.updated_time,
@@ -188,12 +202,18 @@ class FakeVaultStore:
         self._check(f"{self.mount}/metadata/{path}", "delete", path)
         self._records.pop((self.mount, path), None)
 
-    async def read_field(self, mount: str, path: str, field: str) -> Secret:
+    async def read_field(
+        self, mount: str, path: str, field: str, *, consistent: bool = False
+    ) -> Secret:
         self._enter("read field", path, mount=mount)
+        self.reads.append(("read_field", path, consistent))
         self._check(f"{mount}/data/{path}", "read", path, mount=mount)
         reference = f"vault:{mount}/{path}#{field}"
         record = self._records.get((mount, path))
-        version = record.versions.get(record.current_version) if record else None
+        number = self._visible(record, consistent) if mount == self.mount else None
+        if record is not None and number is None:
+            number = record.current_version
+        version = record.versions.get(number) if record and number is not None else None
         if version is None or not _live(version):
             raise SecretReferenceError(f"{reference}: no secret at {mount}/{path}")
         if field not in version.data:
@@ -219,6 +239,14 @@ class FakeVaultStore:
         return 300.0
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _visible(self, record: _Record | None, consistent: bool) -> int:
+        """The version a read sees: the current one, or `stale_by` behind for a plain read."""
+        if record is None:
+            return 0
+        if consistent or self.stale_by <= 0:
+            return record.current_version
+        return max(0, record.current_version - self.stale_by)
 
     def _enter(self, operation: str, path: str | None, *, mount: str | None = None) -> None:
         if self._closed:

@@ -11,22 +11,39 @@ callback (metrics): `operation` is one of `VAULT_OPERATIONS`, `result` one of `V
 (see `operation_result`). A read of a missing path counts as `not_found`, not as an error:
 it is how keyturn learns that a record does not exist yet, so dashboards should not treat it
 as a failure.
+
+Vault and OpenBao clusters (HA, Raft): a standby node may answer reads from its own copy of the
+Raft log (OpenBao's default since standby reads, Vault Enterprise's performance standbys), so
+a read through it can miss a write that was already acknowledged. A call made with
+`consistent=True` (every write the store makes, and the reads whose answer keyturn acts on) goes
+to the *active* node, found with `GET sys/leader` on the configured node(s) and re-checked every
+`ACTIVE_RECHECK` seconds or as soon as that node fails. It also carries the newest
+`X-Vault-Index` keyturn has been given and `X-Vault-Inconsistent: forward-active-node`, so a
+node that has not yet applied keyturn's own last write forwards the call to the active node
+instead of answering from stale data (OpenBao 2.7+, Vault Enterprise; ignored elsewhere). A
+single server (`ha_enabled: false`) is its own active node: nothing changes for it. Other
+calls go to the configured address, or the next of `VaultConnection.nodes` when it cannot be
+reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import json as jsonlib
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import hvac  # no stubs: hvac stays behind this module
 import hvac.adapters
 import hvac.exceptions as hvac_errors
 import requests
+import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 
 from keyturn.clock import Clock, SystemClock
@@ -78,6 +95,11 @@ def _ignore(operation: str, result: str, seconds: float) -> None:
 _MISSING = object()  # a 404 the caller said was fine (`missing_ok`)
 log = get_logger("keyturn.vault")
 
+INDEX_HEADER = "X-Vault-Index"
+INCONSISTENT_HEADER = "X-Vault-Inconsistent"
+# Seconds for which the active node found with sys/leader is trusted before it is asked again.
+ACTIVE_RECHECK = 10.0
+
 _STATUS: dict[type[Exception], int] = {
     hvac_errors.InvalidRequest: 400,
     hvac_errors.Unauthorized: 401,
@@ -110,15 +132,27 @@ class VaultConnection:
     timeout: float = 10.0
     max_workers: int = 8
     renew_margin: float = 60.0  # keyturn's own token is renewed at least this long before expiry
+    # More nodes of the same cluster: tried in order when `address` cannot be reached, and
+    # asked where the active node is.
+    nodes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.address.startswith(("http://", "https://")):
-            raise ValueError(f"vault address {self.address!r} must start with http:// or https://")
+        for address in (self.address, *self.nodes):
+            if not isinstance(address, str) or not address.startswith(("http://", "https://")):
+                raise ValueError(f"vault address {address!r} must start with http:// or https://")
         validate_path(self.mount, what="mount")
         if self.max_workers < 1:
             raise ValueError("vault max_workers must be at least 1")
         if self.timeout <= 0 or self.renew_margin < 0:
             raise ValueError("vault timeout must be positive and renew_margin not negative")
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """`address`, then `nodes`, without trailing slashes or repeats."""
+        seen: dict[str, None] = {}
+        for address in (self.address, *self.nodes):
+            seen.setdefault(address.rstrip("/"), None)
+        return tuple(seen)
 
 
 def api_url(*parts: str) -> str:
@@ -176,11 +210,88 @@ def operation_result(error: BaseException) -> VaultResult:
     return "error"
 
 
+def not_sent(exc: BaseException | None) -> bool:
+    """Whether a failed call surely never reached Vault (no connection was made), so it may be
+    sent to another node even if it was a write."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    if not isinstance(exc, requests.ConnectionError):
+        return False
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, urllib3.exceptions.NewConnectionError):
+            return True
+        reason = getattr(current, "reason", None)
+        pending.extend(
+            [reason if isinstance(reason, BaseException) else None, current.__cause__]
+            + [arg for arg in current.args if isinstance(arg, BaseException)]
+        )
+    return False
+
+
+def _sealed(exc: BaseException | None) -> bool:
+    """A 503 (sealed, or a standby that knows no active node): the call was not carried out."""
+    return isinstance(exc, hvac_errors.VaultDown)
+
+
+@dataclass(slots=True)
+class StorageIndex:
+    """The newest `X-Vault-Index` seen: OpenBao's form (base64 JSON `{cluster, value}`) is
+    compared by value; an opaque one (Vault Enterprise) is kept as last given by a write."""
+
+    header: str | None = None
+    cluster: str | None = None
+    value: int | None = None
+
+    def update(self, header: str | None, *, write: bool) -> None:
+        if not header or len(header) > 4096:
+            return
+        parsed = _parse_index(header)
+        if parsed is None:
+            if write:
+                self.header, self.cluster, self.value = header, None, None
+            return
+        cluster, value = parsed
+        if self.header is None or self.cluster != cluster or (self.value or 0) < value:
+            self.header, self.cluster, self.value = header, cluster, value
+
+    def forget(self) -> None:
+        self.header, self.cluster, self.value = None, None, None
+
+
+def _parse_index(header: str) -> tuple[str, int] | None:
+    try:
+        decoded = jsonlib.loads(base64.b64decode(header, validate=True))
+    except (ValueError, binascii.Error):
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    cluster, value = decoded.get("cluster"), decoded.get("value")
+    if not isinstance(cluster, str) or not isinstance(value, str) or not value.isdigit():
+        return None
+    return cluster, int(value)
+
+
+@dataclass(slots=True)
+class _Reply:
+    """What a call brought back, for the event loop: the JSON body (or `_MISSING`) and the
+    storage index header."""
+
+    body: object
+    index: str | None
+
+
 class VaultClient:
     """hvac behind a bounded thread pool; the token is held by `TokenKeeper`, not here.
 
     `adapter` replaces the HTTP transport (a `requests` adapter), for tests that must not open
-    sockets; `clock` times each call for `on_operation`.
+    sockets; `clock` times each call for `on_operation`. Calls with `consistent=True` go to the
+    active node of a cluster (see the module docstring).
     """
 
     def __init__(
@@ -196,24 +307,32 @@ class VaultClient:
         self._clock: Clock = clock or SystemClock()
         self._session = requests.Session()
         pool = adapter or HTTPAdapter(
-            pool_connections=2, pool_maxsize=connection.max_workers, max_retries=0
+            pool_connections=max(2, len(connection.addresses) + 1),
+            pool_maxsize=connection.max_workers,
+            max_retries=0,
         )
         self._session.mount("http://", pool)
         self._session.mount("https://", pool)
         verify: bool | str = str(connection.ca_cert) if connection.ca_cert else True
         self._session.verify = verify
-        options: dict[str, Any] = {
+        self._options: dict[str, Any] = {
             "timeout": connection.timeout,
             "session": self._session,
             "namespace": connection.namespace,
             "verify": verify,
         }
-        # token="" (not None): hvac must not pick up VAULT_TOKEN or ~/.vault-token by itself.
-        self._hvac: Any = hvac.Client(url=connection.address, token="", **options)
-        # Logins and token look-ups go through a token-less adapter sharing the same pool.
-        self._plain: Any = hvac.adapters.JSONAdapter(
-            base_uri=connection.address, token=None, **options
-        )
+        # One hvac adapter per node, all on the same pool. None holds a token: each call sends
+        # the current one (or none for logins), and hvac never reads VAULT_TOKEN by itself.
+        self._adapters: dict[str, Any] = {}
+        self._token: str | None = None
+        self._addresses = connection.addresses
+        self._home = 0  # index in _addresses of the node ordinary calls go to
+        self._active: str | None = None
+        self._active_checked = float("-inf")
+        self._active_lock: asyncio.Lock | None = None
+        self._down: dict[str, float] = {}  # node -> when a call to it last failed
+        self._standalone = False
+        self.index = StorageIndex()
         self._executor = ThreadPoolExecutor(
             max_workers=connection.max_workers, thread_name_prefix="keyturn-vault"
         )
@@ -221,7 +340,27 @@ class VaultClient:
 
     def set_token(self, token: Secret) -> None:
         """Use `token` for every later data call (a plain attribute: safe across threads)."""
-        self._hvac.token = token.reveal()
+        self._token = token.reveal()
+
+    @property
+    def home(self) -> str:
+        """The node ordinary calls go to: `address`, or the next node once it failed."""
+        return self._addresses[self._home]
+
+    @property
+    def active(self) -> str | None:
+        """The active node as last found (None until a consistent call needed it)."""
+        return self._active
+
+    @property
+    def standalone(self) -> bool:
+        """Whether the server answered `ha_enabled: false` when last asked: a single server
+        judges every call against current data."""
+        return self._standalone
+
+    def forget_active(self) -> None:
+        """Ask `sys/leader` again before the next consistent call (it may have moved)."""
+        self._active_checked = float("-inf")
 
     async def request(
         self,
@@ -235,35 +374,202 @@ class VaultClient:
         missing_ok: bool = False,
         auth: bool = False,
         token: Secret | None = None,
+        consistent: bool = False,
     ) -> dict[str, Any] | None:
         """One HTTP call; the JSON body, or None for 204 (or for 404 when `missing_ok`).
 
         `kind` is the call's word for metrics (`on_operation`); `operation` describes it in
-        error messages. `auth` and `token` route the call through the token-less adapter:
-        logins send no token, look-ups of a candidate token send that one instead of the
-        current one.
+        error messages. `auth` and `token` send no token (logins) or that one instead of the
+        current one (look-ups of a candidate token). `consistent`: the answer must reflect
+        every write Vault has acknowledged (and a write must be judged against current data):
+        the call goes to the active node, see the module docstring.
         """
-        adapter = self._plain if (auth or token is not None) else self._hvac.adapter
-        headers = {"X-Vault-Token": token.reveal()} if token is not None else None
-        body = dict(json) if json is not None else None
-
-        def call() -> object:
-            try:
-                response = adapter.request(method, url, headers=headers, json=body)
-            except hvac_errors.InvalidPath:
-                if missing_ok:
-                    return _MISSING
-                raise
-            return response if isinstance(response, dict) else None
-
         started = self._clock.monotonic()
         try:
-            answer = await self.run(call, operation=operation, path=path, auth=auth)
+            answer = await self._send(
+                method,
+                url,
+                operation=operation,
+                path=path,
+                json=json,
+                missing_ok=missing_ok,
+                auth=auth,
+                token=token,
+                consistent=consistent,
+            )
         except Exception as exc:
             self._report(kind, operation_result(exc), started)
             raise
         self._report(kind, "not_found" if answer is _MISSING else "success", started)
         return answer if isinstance(answer, dict) else None
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        operation: str,
+        path: str | None,
+        json: Mapping[str, Any] | None,
+        missing_ok: bool,
+        auth: bool,
+        token: Secret | None,
+        consistent: bool,
+    ) -> object:
+        body = dict(json) if json is not None else None
+        write = method.upper() != "GET"
+        send_index = consistent
+        tried: set[str] = set()
+        last: VaultError | None = None
+        for _attempt in range(len(self._addresses) + 2):
+            base = await self._active_node() if consistent else self.home
+            if base in tried:
+                break
+            tried.add(base)
+            headers: dict[str, str] = {}
+            if token is not None:
+                headers["X-Vault-Token"] = token.reveal()
+            elif not auth and self._token:
+                headers["X-Vault-Token"] = self._token
+            if send_index and self.index.header:
+                headers[INDEX_HEADER] = self.index.header
+                headers[INCONSISTENT_HEADER] = "forward-active-node"
+            call = self._caller(base, method, url, headers, body, missing_ok)
+            try:
+                reply = await self.run(call, operation=operation, path=path, auth=auth)
+            except VaultError as exc:
+                cause = exc.__cause__
+                if send_index and _index_refused(cause):
+                    # A server that cannot read the index we hold (another cluster's, or a
+                    # format it does not know): drop it and ask once more without.
+                    log.warning("vault.index_refused", node=base)
+                    self.index.forget()
+                    send_index = False
+                    tried.discard(base)
+                    continue
+                if not (not_sent(cause) or (not write and _sealed(cause))):
+                    raise
+                self._node_failed(base)
+                last = exc
+                continue
+            self.index.update(reply.index, write=write or consistent)
+            return reply.body
+        assert last is not None  # only a failed attempt ends the loop without returning
+        raise last
+
+    def _caller(
+        self,
+        base: str,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: dict[str, Any] | None,
+        missing_ok: bool,
+    ) -> Callable[[], _Reply]:
+        adapter = self._adapter(base)
+
+        def call() -> _Reply:
+            try:
+                response = adapter.request(method, url, headers=headers, json=body)
+            except hvac_errors.InvalidPath:
+                if missing_ok:
+                    return _Reply(_MISSING, None)
+                raise
+            index = response.headers.get(INDEX_HEADER)
+            if response.status_code != 200:
+                return _Reply(None, index)
+            try:
+                return _Reply(response.json(), index)
+            except ValueError:
+                return _Reply(None, index)
+
+        return call
+
+    def _adapter(self, base: str) -> Any:
+        adapter = self._adapters.get(base)
+        if adapter is None:
+            adapter = hvac.adapters.RawAdapter(base_uri=base, token=None, **self._options)
+            self._adapters[base] = adapter
+        return adapter
+
+    def _node_failed(self, base: str) -> None:
+        """`base` could not take a call: leave it alone for `ACTIVE_RECHECK` seconds."""
+        self._down[base] = self._clock.monotonic()
+        if base == self._active:
+            self.forget_active()  # the active node may have moved: ask again
+        if base == self.home and len(self._addresses) > 1:
+            for step in range(1, len(self._addresses)):
+                candidate = (self._home + step) % len(self._addresses)
+                if not self._is_down(self._addresses[candidate]):
+                    self._home = candidate
+                    break
+            else:
+                self._home = (self._home + 1) % len(self._addresses)
+            log.warning("vault.node_unreachable", node=base, next=self.home)
+
+    def _is_down(self, base: str) -> bool:
+        failed = self._down.get(base)
+        return failed is not None and self._clock.monotonic() - failed < ACTIVE_RECHECK
+
+    async def _active_node(self) -> str:
+        """Where a consistent call goes: the active node (asking `sys/leader` when the answer
+        is older than `ACTIVE_RECHECK`), or the home node when no node names a reachable one
+        (the index headers and check-and-set then keep keyturn's decisions safe)."""
+        if self._clock.monotonic() - self._active_checked >= ACTIVE_RECHECK:
+            if self._active_lock is None:
+                self._active_lock = asyncio.Lock()
+            async with self._active_lock:
+                if self._clock.monotonic() - self._active_checked >= ACTIVE_RECHECK:
+                    found, self._standalone = await self.run(
+                        self._discover, operation="find the active node", path=None
+                    )
+                    if found != self._active:
+                        log.info("vault.active_node", node=found, previous=self._active)
+                    self._active = found
+                    # No active node (an election, or none reachable): ask again in a second.
+                    self._active_checked = self._clock.monotonic() - (
+                        0.0 if found else ACTIVE_RECHECK - 1.0
+                    )
+        if self._active is not None and not self._is_down(self._active):
+            return self._active
+        return self.home
+
+    def _discover(self) -> tuple[str | None, bool]:
+        """Ask the nodes (the last active one, the home node, then the others) for the active
+        node (None if none answers with one), and whether it is a single server."""
+        order = list(
+            dict.fromkeys([*([self._active] if self._active else []), self.home, *self._addresses])
+        )
+        order.sort(key=self._is_down)  # nodes that just failed last (stable otherwise)
+        for base in order:
+            try:
+                response = self._session.get(
+                    f"{base}/v1/sys/leader",
+                    timeout=self.connection.timeout,
+                    allow_redirects=False,
+                )
+                answer = response.json() if response.status_code == 200 else None
+            except (requests.RequestException, ValueError):
+                continue
+            if not isinstance(answer, dict):
+                continue
+            if answer.get("ha_enabled") is not True:
+                return base, True  # a single server: always consistent
+            if answer.get("is_self") is True:
+                return base, False  # the active node itself
+            leader = answer.get("leader_address")
+            if isinstance(leader, str) and self._acceptable(leader):
+                return leader.rstrip("/"), False
+        return None, False
+
+    def _acceptable(self, leader: str) -> bool:
+        """A leader address keyturn may send its token to: http(s) with a host, and not plain
+        http when keyturn was configured for https."""
+        parts = urlsplit(leader)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        configured = {urlsplit(address).scheme for address in self._addresses}
+        return parts.scheme == "https" or configured == {"http"}
 
     def _report(self, kind: VaultOperation, result: VaultResult, started: float) -> None:
         try:
@@ -293,3 +599,9 @@ class VaultClient:
         self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._session.close()
+
+
+def _index_refused(exc: BaseException | None) -> bool:
+    if not isinstance(exc, hvac_errors.InvalidRequest):
+        return False
+    return INDEX_HEADER.lower() in str(exc).lower()

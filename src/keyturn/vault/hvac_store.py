@@ -4,18 +4,35 @@ Every call runs on `VaultClient`'s bounded thread pool and fails only with keytu
 `VaultError` tree. A 403 is ambiguous in Vault (policy denial, or a token that expired or was
 revoked), so the store asks the `TokenKeeper`: if the token was the cause, it logs in again
 and retries the call once; otherwise the 403 stands as `VaultPermissionDenied`.
+
+On a cluster (see `keyturn.vault.client`), every write goes to the active node, and so do the
+reads made with `consistent=True`. A check-and-set conflict is only reported once a consistent
+read shows the secret really is at another version: a node that had not yet applied the
+version named in `cas` rejects the write without asking the active node (OpenBao's KV engine
+checks `cas` against the node's own copy before the write is forwarded), and such a rejection
+is retried instead of being reported as a conflict.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import requests.adapters
+
 from keyturn.clock import Clock
-from keyturn.errors import SecretReferenceError, VaultDataError, VaultPermissionDenied
+from keyturn.errors import (
+    SecretReferenceError,
+    VaultCasConflict,
+    VaultDataError,
+    VaultError,
+    VaultPermissionDenied,
+)
+from keyturn.logs import get_logger
 from keyturn.secret import Secret
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import (
@@ -34,6 +51,12 @@ from keyturn.vault.store import (
     validate_path,
 )
 
+log = get_logger("keyturn.vault")
+
+# A write rejected by a node that was behind is sent again at most this many times, after
+# these pauses (seconds).
+CAS_RECHECK_DELAYS = (0.05, 0.2, 0.5)
+
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -48,12 +71,16 @@ class VaultStore:
         clock: Clock,
         rng: random.Random | None = None,
         on_operation: OnOperation | None = None,
+        adapter: requests.adapters.BaseAdapter | None = None,
     ) -> None:
         """`on_operation(operation, result, seconds)` is told about every Vault call, logins,
-        renewals and look-ups included (see `keyturn.vault.client`)."""
+        renewals and look-ups included (see `keyturn.vault.client`); `adapter` replaces the
+        HTTP transport (tests)."""
         self.connection = connection
         self._auth_method = auth.method
-        self._client = VaultClient(connection, clock=clock, on_operation=on_operation)
+        self._client = VaultClient(
+            connection, clock=clock, on_operation=on_operation, adapter=adapter
+        )
         self.keeper = TokenKeeper(
             self._client, auth, clock=clock, renew_margin=connection.renew_margin, rng=rng
         )
@@ -79,9 +106,17 @@ class VaultStore:
         """See `TokenKeeper.maintain_token`; the scheduler calls it again after the delay."""
         return await self.keeper.maintain_token()
 
-    async def read(self, path: str) -> KvEntry | None:
+    async def read(self, path: str, *, consistent: bool = False) -> KvEntry | None:
         validate_path(path)
-        body = await self._call("GET", self.mount, "data", path, kind="read", operation="read")
+        body = await self._call(
+            "GET",
+            self.mount,
+            "data",
+            path,
+            kind="read",
+            operation="read",
+            consistent=consistent,
+        )
         data = _dict(body.get("data") if body else None)
         if data is None or data.get("data") is None:
             return None
@@ -102,15 +137,12 @@ class VaultStore:
         payload: dict[str, Any] = {"data": reveal_data(path, data), "options": {}}
         if cas is not None:
             payload["options"]["cas"] = cas
-        body = await self._call(
-            "POST",
-            self.mount,
-            "data",
-            path,
-            kind="write",
-            operation=f"write (cas={cas})",
-            json=payload,
-        )
+        try:
+            body = await self._write_data(path, payload, cas)
+        except VaultCasConflict as conflict:
+            if cas is None or self._client.standalone:
+                raise  # a single server judged it against current data
+            body = await self._write_after_conflict(path, payload, cas, conflict)
         version = (_dict(body.get("data")) or {}).get("version") if body else None
         if isinstance(version, bool) or not isinstance(version, int):
             raise VaultDataError("vault write: response has no version", path=path)
@@ -124,13 +156,56 @@ class VaultStore:
                 kind="write",
                 operation="write metadata",
                 json=metadata,
+                consistent=True,
             )
         return version
 
-    async def read_metadata(self, path: str) -> KvMetadata | None:
+    async def _write_data(
+        self, path: str, payload: Mapping[str, Any], cas: int | None
+    ) -> dict[str, Any] | None:
+        return await self._call(
+            "POST",
+            self.mount,
+            "data",
+            path,
+            kind="write",
+            operation=f"write (cas={cas})",
+            json=payload,
+            consistent=True,
+        )
+
+    async def _write_after_conflict(
+        self, path: str, payload: Mapping[str, Any], cas: int, conflict: VaultCasConflict
+    ) -> dict[str, Any] | None:
+        """Prove a check-and-set conflict before reporting it: read the secret from the active
+        node; if it is still at version `cas`, the node that judged the write was behind, and
+        the write is sent again (a few times). Otherwise the conflict stands."""
+        for delay in CAS_RECHECK_DELAYS:
+            self._client.forget_active()  # the node that answered may no longer be active
+            try:
+                current = await self.read(path, consistent=True)
+            except VaultError:
+                raise conflict from None  # not proven stale: the conflict stands
+            if current is None or current.version != cas:
+                raise conflict
+            log.info("vault.cas_rejected_by_stale_node", path=f"{self.mount}/{path}", cas=cas)
+            await asyncio.sleep(delay)
+            try:
+                return await self._write_data(path, payload, cas)
+            except VaultCasConflict as again:
+                conflict = again
+        raise conflict
+
+    async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
         validate_path(path)
         body = await self._call(
-            "GET", self.mount, "metadata", path, kind="read_metadata", operation="read metadata"
+            "GET",
+            self.mount,
+            "metadata",
+            path,
+            kind="read_metadata",
+            operation="read metadata",
+            consistent=consistent,
         )
         data = _dict(body.get("data") if body else None)
         return _metadata(path, data) if data is not None else None
@@ -138,15 +213,29 @@ class VaultStore:
     async def delete_all(self, path: str) -> None:
         validate_path(path)
         await self._call(
-            "DELETE", self.mount, "metadata", path, kind="delete", operation="delete all versions"
+            "DELETE",
+            self.mount,
+            "metadata",
+            path,
+            kind="delete",
+            operation="delete all versions",
+            consistent=True,
         )
 
-    async def read_field(self, mount: str, path: str, field: str) -> Secret:
+    async def read_field(
+        self, mount: str, path: str, field: str, *, consistent: bool = False
+    ) -> Secret:
         validate_path(mount, what="mount")
         validate_path(path)
         reference = f"vault:{mount}/{path}#{field}"
         body = await self._call(
-            "GET", mount, "data", path, kind="read_field", operation="read field"
+            "GET",
+            mount,
+            "data",
+            path,
+            kind="read_field",
+            operation="read field",
+            consistent=consistent,
         )
         data = _dict(body.get("data") if body else None)
         values = _dict(data.get("data")) if data else None
@@ -197,6 +286,7 @@ class VaultStore:
         kind: VaultOperation,
         operation: str,
         json: Mapping[str, Any] | None = None,
+        consistent: bool = False,
     ) -> dict[str, Any] | None:
         return await self._call_url(
             method,
@@ -206,6 +296,7 @@ class VaultStore:
             path=f"{mount}/{path}",
             json=json,
             missing_ok=method == "GET",
+            consistent=consistent,
         )
 
     async def _call_url(
@@ -218,6 +309,7 @@ class VaultStore:
         path: str | None,
         json: Mapping[str, Any] | None = None,
         missing_ok: bool = False,
+        consistent: bool = False,
     ) -> dict[str, Any] | None:
         """One data call; on a 403 caused by a dead token: one re-login, one retry."""
         await self.keeper.ensure_login()
@@ -232,6 +324,7 @@ class VaultStore:
                 path=path,
                 json=json,
                 missing_ok=missing_ok,
+                consistent=consistent,
             )
 
         try:

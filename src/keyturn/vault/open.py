@@ -55,6 +55,7 @@ async def open_vault_store(
     vault = config.vault
     connection = VaultConnection(
         address=vault.address,
+        nodes=vault.nodes,
         mount=vault.mount,
         namespace=vault.namespace,
         ca_cert=vault.ca_cert,

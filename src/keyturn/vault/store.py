@@ -7,6 +7,13 @@ fake cannot drift from what OpenBao does.
 
 Values come back as plain `str`: the caller knows which fields are secret and wraps them in
 `Secret` itself. `Secret` values handed to `write` are revealed only at the wire.
+
+Consistency: on a Vault/OpenBao cluster a standby node may answer a read from a copy that is
+a few Raft entries behind. A read whose answer keyturn acts on (a state record before taking
+the lease, the published path before writing it with check-and-set) passes `consistent=True`:
+the answer then reflects every write acknowledged before the read was sent. Writes are always
+judged against current data, and `VaultCasConflict` means the secret really is at another
+version. A single server is consistent either way.
 """
 
 from __future__ import annotations
@@ -55,8 +62,11 @@ class KvMetadata:
 class KvStore(Protocol):
     """Async access to one KV v2 mount (plus `read_field` on any mount, for references)."""
 
-    async def read(self, path: str) -> KvEntry | None:
-        """The latest version; None if never written or the latest version is deleted/destroyed."""
+    async def read(self, path: str, *, consistent: bool = False) -> KvEntry | None:
+        """The latest version; None if never written or the latest version is deleted/destroyed.
+
+        `consistent=True`: read from where the latest acknowledged write is visible (a
+        cluster's active node), for an answer keyturn will act on."""
         ...
 
     async def write(
@@ -70,22 +80,27 @@ class KvStore(Protocol):
         """Write a new version and return its number.
 
         `cas=0`: the path must not exist; `cas=N`: the current version must be N; `cas=None`:
-        unconditional. A lost check-and-set raises `VaultCasConflict`. `custom_metadata`, when
+        unconditional. A lost check-and-set raises `VaultCasConflict` (proven: the current
+        version, read consistently, is not `cas`). `custom_metadata`, when
         given, replaces the path's custom metadata in a *second* call after the data write:
         if that call fails, the new version exists without the new metadata.
         """
         ...
 
-    async def read_metadata(self, path: str) -> KvMetadata | None:
-        """The metadata and version history; None if the path has no metadata at all."""
+    async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
+        """The metadata and version history; None if the path has no metadata at all.
+        `consistent` as for `read`."""
         ...
 
     async def delete_all(self, path: str) -> None:
         """Delete the metadata and every version (locks, state cleanup); no error if absent."""
         ...
 
-    async def read_field(self, mount: str, path: str, field: str) -> Secret:
-        """One string field of `vault:<mount>/<path>#<field>` on any KV v2 mount.
+    async def read_field(
+        self, mount: str, path: str, field: str, *, consistent: bool = False
+    ) -> Secret:
+        """One string field of `vault:<mount>/<path>#<field>` on any KV v2 mount (`consistent`
+        as for `read`, e.g. when re-reading an input that was just refused).
 
         A missing secret or field raises `SecretReferenceError`; a non-string value
         `VaultDataError`. Both name mount, path and field, never the value.

@@ -1,0 +1,402 @@
+"""Where Vault calls go on a cluster, and how a check-and-set conflict is proven; no sockets.
+
+A fake `requests` transport plays the nodes of a cluster (or one server). The same behaviour
+against a real 3-node OpenBao: tests/integration/test_replicated_vault.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+import urllib3.exceptions
+from requests.adapters import BaseAdapter
+
+from keyturn.clock import FakeClock
+from keyturn.errors import VaultCasConflict, VaultUnavailable
+from keyturn.secret import Secret
+from keyturn.testing.vault import FakeVaultStore
+from keyturn.vault.auth import VaultAuth
+from keyturn.vault.client import StorageIndex, VaultClient, VaultConnection, not_sent
+from keyturn.vault.hvac_store import VaultStore
+
+
+@dataclass
+class Seen:
+    node: str
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+Answer = tuple[int, dict[str, Any] | None, dict[str, str]] | Exception
+
+
+@dataclass
+class FakeCluster(BaseAdapter):
+    """Answers `handler(node, method, path, headers)`; `node` is scheme://host:port."""
+
+    handler: Callable[[str, str, str, dict[str, str]], Answer]
+    seen: list[Seen] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def send(self, request: requests.PreparedRequest, *args: object, **kwargs: object) -> Any:
+        parts = urlsplit(request.url or "")
+        node = f"{parts.scheme}://{parts.netloc}"
+        headers = dict(request.headers)
+        self.seen.append(Seen(node, request.method or "", parts.path, headers))
+        answer = self.handler(node, request.method or "", parts.path, headers)
+        if isinstance(answer, Exception):
+            raise answer
+        status, body, extra = answer
+        response = requests.Response()
+        response.status_code = status
+        response._content = json.dumps(body).encode() if body is not None else b""
+        response.headers["Content-Type"] = "application/json"
+        response.headers.update(extra)
+        response.url = request.url or ""
+        response.request = request
+        response.encoding = "utf-8"
+        return response
+
+    def close(self) -> None:
+        pass
+
+    def data_calls(self) -> list[Seen]:
+        return [s for s in self.seen if not s.path.endswith("/sys/leader")]
+
+
+def index(value: int, cluster: str = "c1") -> str:
+    return base64.b64encode(json.dumps({"cluster": cluster, "value": str(value)}).encode()).decode()
+
+
+def refused() -> requests.ConnectionError:
+    reason = urllib3.exceptions.NewConnectionError(None, "refused")  # type: ignore[arg-type]
+    return requests.ConnectionError(urllib3.exceptions.MaxRetryError(None, "/", reason))  # type: ignore[arg-type]
+
+
+STANDBY, OTHER, ACTIVE = "http://s1:8200", "http://s2:8200", "http://a:8200"
+LEADER = {"ha_enabled": True, "is_self": False, "leader_address": ACTIVE}
+READ_OK = {"data": {"data": {"k": "v"}, "metadata": {"version": 1}}}
+
+
+def client(cluster: FakeCluster, address: str = STANDBY, *nodes: str) -> VaultClient:
+    connection = VaultConnection(address=address, nodes=nodes)
+    made = VaultClient(connection, clock=FakeClock(), adapter=cluster)
+    made.set_token(Secret("t"))
+    return made
+
+
+async def read(made: VaultClient, *, consistent: bool) -> dict[str, Any] | None:
+    return await made.request(
+        "GET",
+        "v1/secret/data/x",
+        kind="read",
+        operation="read",
+        path="secret/x",
+        consistent=consistent,
+    )
+
+
+async def write(made: VaultClient) -> dict[str, Any] | None:
+    return await made.request(
+        "POST",
+        "v1/secret/data/x",
+        kind="write",
+        operation="write",
+        path="secret/x",
+        json={"data": {"k": "v"}},
+        consistent=True,
+    )
+
+
+async def test_a_single_server_gets_every_call_as_before() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, {"ha_enabled": False}, {}
+        return 200, READ_OK, {"X-Vault-Index": index(7)}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster, "http://vault:8200")
+    try:
+        await read(made, consistent=True)
+        await write(made)
+        await read(made, consistent=False)
+    finally:
+        await made.close()
+    assert {s.node for s in cluster.seen} == {"http://vault:8200"}
+    assert made.standalone and made.active == "http://vault:8200"
+    assert [s.path for s in cluster.seen].count("/v1/sys/leader") == 1
+    plain = cluster.data_calls()[-1]
+    assert "X-Vault-Index" not in plain.headers and "X-Vault-Inconsistent" not in plain.headers
+
+
+async def test_consistent_calls_go_to_the_active_node_and_plain_reads_stay() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return 200, READ_OK, {"X-Vault-Index": index(10 if node == ACTIVE else 3)}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster)
+    try:
+        await read(made, consistent=True)
+        await write(made)
+        await read(made, consistent=False)
+        await read(made, consistent=True)
+    finally:
+        await made.close()
+    nodes = [(s.method, s.node) for s in cluster.data_calls()]
+    assert nodes == [("GET", ACTIVE), ("POST", ACTIVE), ("GET", STANDBY), ("GET", ACTIVE)]
+    assert not made.standalone
+    # The newest index (the active node's, not the standby's older one) rides on consistent
+    # calls, with the header that makes a node that is behind forward instead of answering.
+    last = cluster.data_calls()[-1].headers
+    assert last["X-Vault-Index"] == index(10)
+    assert last["X-Vault-Inconsistent"] == "forward-active-node"
+    assert "X-Vault-Index" not in cluster.data_calls()[2].headers
+    assert all(s.headers.get("X-Vault-Token") == "t" for s in cluster.data_calls())
+    assert "X-Vault-Token" not in cluster.seen[0].headers  # sys/leader is asked without it
+
+
+async def test_the_active_node_is_asked_for_again_after_a_while() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        return (200, LEADER, {}) if path == "/v1/sys/leader" else (200, READ_OK, {})
+
+    cluster = FakeCluster(handler)
+    made = client(cluster)
+    clock = made._clock
+    assert isinstance(clock, FakeClock)
+    try:
+        await read(made, consistent=True)
+        await read(made, consistent=True)
+        clock.advance(11)
+        await read(made, consistent=True)
+    finally:
+        await made.close()
+    assert [s.path for s in cluster.seen].count("/v1/sys/leader") == 2
+
+
+async def test_a_plain_http_leader_is_not_trusted_with_an_https_token() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, {**LEADER, "leader_address": "http://a:8200"}, {}
+        return 200, READ_OK, {}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster, "https://s1:8200")
+    try:
+        await read(made, consistent=True)
+    finally:
+        await made.close()
+    assert [s.node for s in cluster.data_calls()] == ["https://s1:8200"]
+
+
+async def test_an_unreachable_node_of_the_list_is_skipped_for_every_call() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if node == STANDBY:
+            return refused()
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return 200, READ_OK, {}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster, STANDBY, OTHER, ACTIVE)
+    try:
+        assert await read(made, consistent=False) == READ_OK
+        assert made.home == OTHER
+        assert await write(made) == READ_OK
+    finally:
+        await made.close()
+    assert [s.node for s in cluster.data_calls()] == [STANDBY, OTHER, ACTIVE]
+
+
+async def test_an_unreachable_active_node_falls_back_to_the_configured_one() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if node == ACTIVE:
+            return refused()
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return 200, READ_OK, {}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster)
+    try:
+        assert await read(made, consistent=True) == READ_OK
+    finally:
+        await made.close()
+    assert [s.node for s in cluster.data_calls()] == [ACTIVE, STANDBY]
+
+
+async def test_a_write_whose_fate_is_unknown_is_not_sent_again() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return requests.ConnectionError("Connection aborted.")  # it may have been carried out
+
+    cluster = FakeCluster(handler)
+    made = client(cluster, STANDBY, OTHER)
+    try:
+        with pytest.raises(VaultUnavailable):
+            await write(made)
+    finally:
+        await made.close()
+    assert len(cluster.data_calls()) == 1
+
+
+async def test_an_index_the_server_cannot_read_is_dropped() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        if "X-Vault-Index" in headers:
+            return 400, {"errors": ['failed to decode "X-Vault-Index"']}, {}
+        return 200, READ_OK, {}
+
+    cluster = FakeCluster(handler)
+    made = client(cluster)
+    made.index.update("opaque-from-elsewhere", write=True)
+    try:
+        assert await read(made, consistent=True) == READ_OK
+    finally:
+        await made.close()
+    assert made.index.header is None
+    assert len(cluster.data_calls()) == 2
+
+
+def test_the_storage_index_keeps_the_newest() -> None:
+    kept = StorageIndex()
+    kept.update(index(5), write=False)
+    kept.update(index(3), write=True)
+    assert kept.header == index(5)
+    kept.update(index(9), write=False)
+    assert kept.value == 9
+    kept.update(index(1, cluster="c2"), write=False)  # another cluster: start again
+    assert (kept.cluster, kept.value) == ("c2", 1)
+    kept.update("v1:opaque", write=False)  # an opaque index is kept from writes only
+    assert kept.cluster == "c2"
+    kept.update("v1:opaque", write=True)
+    assert kept.header == "v1:opaque"
+
+
+def test_not_sent_means_no_connection_was_made() -> None:
+    assert not_sent(refused())
+    assert not_sent(requests.ConnectTimeout("connect timeout"))
+    assert not not_sent(requests.ConnectionError("Connection aborted."))
+    assert not not_sent(requests.ReadTimeout("read timeout"))
+    assert not not_sent(None)
+
+
+# -- check-and-set conflicts, proven before they are reported --------------------------------
+
+
+def store_on(cluster: FakeCluster) -> VaultStore:
+    connection = VaultConnection(address=STANDBY)
+    return VaultStore(
+        connection, VaultAuth("token", token=Secret("t")), clock=FakeClock(), adapter=cluster
+    )
+
+
+LOOKUP = {"data": {"ttl": 0, "renewable": False, "accessor": "acc"}}
+
+
+def kv(state: dict[str, int], *, stale_rejections: int) -> Callable[..., Answer]:
+    """A KV path at version `state["version"]` on the active node; the first
+    `stale_rejections` writes are refused as a node that is one version behind would."""
+
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        if path.endswith("lookup-self"):
+            return 200, LOOKUP, {}
+        if method == "GET":
+            meta = {"version": state["version"], "created_time": "2026-01-01T00:00:00Z"}
+            return 200, {"data": {"data": {"k": "v"}, "metadata": meta}}, {}
+        if state["rejections"] < stale_rejections:
+            state["rejections"] += 1
+            return (
+                400,
+                {"errors": ["check-and-set parameter did not match the current version"]},
+                {},
+            )
+        state["version"] += 1
+        return 200, {"data": {"version": state["version"]}}, {}
+
+    return handler
+
+
+async def test_a_conflict_from_a_node_that_was_behind_is_retried() -> None:
+    state = {"version": 3, "rejections": 0}
+    cluster = FakeCluster(kv(state, stale_rejections=1))
+    store = store_on(cluster)
+    try:
+        assert await store.write("keyturn/state/x", {"k": "v"}, cas=3) == 4
+    finally:
+        await store.close()
+    calls = [(s.method, s.node) for s in cluster.data_calls() if "lookup" not in s.path]
+    assert calls == [("POST", ACTIVE), ("GET", ACTIVE), ("POST", ACTIVE)]
+
+
+async def test_a_real_conflict_is_reported_after_one_consistent_read() -> None:
+    state = {"version": 5, "rejections": 0}
+    cluster = FakeCluster(kv(state, stale_rejections=99))
+    store = store_on(cluster)
+    try:
+        with pytest.raises(VaultCasConflict):
+            await store.write("keyturn/state/x", {"k": "v"}, cas=3)
+    finally:
+        await store.close()
+    calls = [s.method for s in cluster.data_calls() if "lookup" not in s.path]
+    assert calls == ["POST", "GET"]
+
+
+async def test_a_conflict_that_persists_is_reported_after_a_few_tries() -> None:
+    state = {"version": 3, "rejections": 0}
+    cluster = FakeCluster(kv(state, stale_rejections=99))
+    store = store_on(cluster)
+    try:
+        with pytest.raises(VaultCasConflict):
+            await store.write("keyturn/state/x", {"k": "v"}, cas=3)
+    finally:
+        await store.close()
+    posts = [s for s in cluster.data_calls() if s.method == "POST"]
+    assert len(posts) == 4  # the write and three more, each after a consistent read
+
+
+# -- the fake store ----------------------------------------------------------------------
+
+
+async def test_the_fake_can_play_a_lagging_standby() -> None:
+    store = FakeVaultStore()
+    await store.write("p", {"n": "1"}, cas=0)
+    await store.write("p", {"n": "2"}, cas=1)
+    store.stale_by = 1
+    plain = await store.read("p")
+    current = await store.read("p", consistent=True)
+    assert plain is not None and (plain.version, plain.data["n"]) == (1, "1")
+    assert current is not None and (current.version, current.data["n"]) == (2, "2")
+    meta = await store.read_metadata("p")
+    assert meta is not None and meta.current_version == 1 and set(meta.versions) == {1}
+    assert (await store.read_metadata("p", consistent=True)).current_version == 2  # type: ignore[union-attr]
+    assert (await store.read_field("secret", "p", "n")).reveal() == "1"
+    assert (await store.read_field("secret", "p", "n", consistent=True)).reveal() == "2"
+    with pytest.raises(VaultCasConflict):
+        await store.write("p", {"n": "3"}, cas=1)  # check-and-set is judged on current data
+    assert store.reads == [
+        ("read", "p", False),
+        ("read", "p", True),
+        ("read_metadata", "p", False),
+        ("read_metadata", "p", True),
+        ("read_field", "p", False),
+        ("read_field", "p", True),
+    ]
+    await store.write("q", {"n": "1"}, cas=0)
+    assert await store.read("q") is None  # not yet on the lagging copy
+    assert await store.read_metadata("q") is None
