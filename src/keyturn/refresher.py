@@ -176,10 +176,10 @@ class TokenRefresh:
     async def due(self, state: CredentialState, now: float, force: bool) -> float:
         if force or state.phase == "pending" or state.next_due is None:
             return now
+        if state.phase != "ok":
+            return state.next_due  # failing or expired: the retry time (an unsaved answer too)
         if self._unsaved is not None or state.refresh_in_flight is not None:
             return now  # an answer to store, or a refresh token to retire, before anything else
-        if state.phase != "ok":
-            return state.next_due  # failing or expired: the retry time
         if state.published_version != self._confirmed_version:
             # First look in this process (e.g. after a restart): is what apps read still ours?
             published = await self._store.read_metadata(self.target.publish_to, consistent=True)

@@ -267,6 +267,7 @@ async def test_a_vault_failure_after_a_refresh_keeps_the_answer_and_stores_it_fi
     assert world.server.grants[-1] == "refresh_token"
     rotated = world.server.live_refresh  # the provider's one live refresh token
     requests = len(world.server.grants)
+    world.clock.advance(outcome.next_due - world.clock.time())  # the retry (or Vault's return)
     outcome = await job.run()
     assert outcome.action == "refreshed"
     # The kept answer was stored and published: no new request, no reuse, the live token held.
@@ -275,6 +276,22 @@ async def test_a_vault_failure_after_a_refresh_keeps_the_answer_and_stores_it_fi
     state = await world.state()
     assert state.refresh_token is not None and {state.refresh_token.reveal()} == rotated
     assert await world.published() == world.server.access_tokens[-1]
+
+
+async def test_a_vault_that_keeps_failing_the_answer_is_retried_with_backoff() -> None:
+    world, job = await refresh_token_world()
+    # The answer's write fails, the lease release succeeds.
+    world.on_token_request.append(
+        lambda: world.store.fail_next(VaultUnavailable("vault: HTTP 500 (fake)"))
+    )
+    outcome = await job.run(force=True)
+    assert outcome.action == "failed"
+    assert outcome.next_due > world.clock.time()  # no hot loop: the backoff holds
+    requests = len(world.server.grants)
+    assert (await job.run()).action == "fresh"  # not due before the retry time
+    world.clock.advance(outcome.next_due - world.clock.time())
+    assert (await job.run()).action == "refreshed"  # the kept answer, stored first
+    assert len(world.server.grants) == requests and world.server.reuse == 0
 
 
 async def test_invalid_grant_drops_the_token_once_and_falls_back(world: World) -> None:
