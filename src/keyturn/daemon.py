@@ -35,6 +35,7 @@ from keyturn.observability import (
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
+from keyturn.vault.renewal import expiring_margin
 from keyturn.watch import PublishedWatcher, WatchTarget
 
 RESTART_SECTIONS = ("keyturn", "vault", "metrics", "alerts")
@@ -261,14 +262,16 @@ def vault_token_keeper(
     runtime: Runtime, config: Config, clock: Clock
 ) -> Callable[[], Awaitable[float]]:
     """Renews keyturn's own Vault token, and reports when even that leaves it near its end
-    (not renewable, max TTL reached, logins refused): soon keyturn can write nothing."""
+    (not renewable, max TTL reached, logins refused): soon keyturn can write nothing. "Near"
+    is `vault.renew_margin`, at most a third of the token's TTL (`expiring_margin`)."""
 
     async def maintain() -> float:
         delay = await runtime.store.maintain_token()
         expires_at = runtime.store.token_expires_at()
         if expires_at is not None:
             left = expires_at - clock.time()
-            if left < config.vault.renew_margin:
+            # After maintenance: a renewal or a new login has already moved expires_at away.
+            if left < expiring_margin(runtime.store.token_ttl(), config.vault.renew_margin):
                 runtime.observers.suspicious(
                     "",
                     "",

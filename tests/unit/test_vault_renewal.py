@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from keyturn.vault.renewal import MIN_DELAY, TokenLease, error_delay, renewal_delay
+from keyturn.vault.renewal import MIN_DELAY, TokenLease, error_delay, expiring_margin, renewal_delay
 
 
 @pytest.mark.parametrize(
@@ -87,3 +87,12 @@ def test_error_delay_jitters() -> None:
 def test_error_delay_needs_a_failure() -> None:
     with pytest.raises(ValueError):
         error_delay(0)
+
+
+def test_the_expiring_alert_margin_is_at_most_a_third_of_the_ttl() -> None:
+    # A 24 s token with a 60 s renew_margin is renewed with 8 s left: only less than that is
+    # "could not renew or replace it", not every healthy renewal.
+    assert expiring_margin(24, 60) == 8
+    assert expiring_margin(3600, 60) == 60
+    assert expiring_margin(None, 60) == 60  # no TTL known (never expires, no login yet)
+    assert expiring_margin(0, 60) == 60

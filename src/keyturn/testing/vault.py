@@ -235,6 +235,9 @@ class FakeVaultStore:
     def token_expires_at(self) -> float | None:
         return None
 
+    def token_ttl(self) -> float | None:
+        return None
+
     async def maintain_token(self) -> float:
         return 300.0
 

@@ -109,6 +109,10 @@ class TokenKeeper:
         """Epoch seconds at which the token expires; None if it never does (or no login yet)."""
         return self._lease.expires_at if self._lease else None
 
+    def token_ttl(self) -> float | None:
+        """The TTL the token was created with (what a renewal grants); None before a login."""
+        return self._lease.natural_ttl if self._lease else None
+
     async def login(self) -> None:
         """Obtain a token by the configured method and start using it."""
         async with self._lock:

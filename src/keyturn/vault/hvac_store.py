@@ -102,6 +102,9 @@ class VaultStore:
     def token_expires_at(self) -> float | None:
         return self.keeper.token_expires_at()
 
+    def token_ttl(self) -> float | None:
+        return self.keeper.token_ttl()
+
     async def maintain_token(self) -> float:
         """See `TokenKeeper.maintain_token`; the scheduler calls it again after the delay."""
         return await self.keeper.maintain_token()

@@ -23,6 +23,16 @@ def renewal_delay(ttl: float, margin: float) -> float:
     return ttl - lead
 
 
+def expiring_margin(natural_ttl: float | None, renew_margin: float) -> float:
+    """How close to its end keyturn's token must be before "could not renew or replace it" is
+    worth an alert: `renew_margin`, but at most a third of the token's own TTL. A token that
+    lives less than `renew_margin` is renewed at a third of its TTL left, so judging it
+    against `renew_margin` would call every healthy renewal an emergency."""
+    if natural_ttl is None or natural_ttl <= 0:
+        return renew_margin
+    return min(renew_margin, natural_ttl / 3)
+
+
 def error_delay(
     failures: int, *, base: float = 5.0, cap: float = 300.0, rng: random.Random | None = None
 ) -> float:
