@@ -155,8 +155,8 @@ async def _check_providers(config: Config) -> list[str]:
 def token_endpoint_problem(status: int, body: bytes) -> str | None:
     """Why an answer to a bogus grant does not prove a token endpoint (None if it does).
 
-    Only a 2xx or an RFC 6749 §5.2 error (400/401 with its JSON body) proves one: a 404 or 405 (a wrong `token_path`),
-    an HTML error page or a 5xx could come from anything at that URL.
+    Only a 2xx or an RFC 6749 §5.2 error (400/401 with its JSON body) proves one: a 404 or
+    405 (a wrong `token_path`), an HTML error page or a 5xx could come from anything there.
     """
     if 200 <= status < 300:
         return None
