@@ -8,6 +8,8 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || needed+=(prometheus-alertm
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || needed+=(prometheus)
 # systemd-analyze (unit verify/security) and systemd-sysusers: tests/integration/test_systemd.py.
 command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-sysusers >/dev/null 2>&1 || needed+=(systemd)
+# libfaketime (LD_PRELOAD) to step keyturn's wall clock alone: tests/integration/test_faults.py.
+compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || compgen -G "/usr/lib/faketime/libfaketime.so.1" >/dev/null || needed+=(libfaketime)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

@@ -46,15 +46,34 @@ def parse_rfc3339(text: str) -> float:
     return parsed.timestamp()
 
 
+# A change of (wall - monotonic) larger than this is a step of the wall clock, not NTP slewing.
+STEP_THRESHOLD = 2.0
+
+
 class SystemClock:
-    """The real clock. `offset` (seconds, set only by `WallClockGuard`) is added to the
-    system's wall clock while the guard holds time steady across a step it does not trust."""
+    """The real clock, which holds its wall time steady across a step until told otherwise.
+
+    Every `time()` compares the system's wall clock with the monotonic clock: a step of more
+    than STEP_THRESHOLD seconds (NTP, a VM resume, an operator, libfaketime) is not believed at
+    once; keyturn's time goes on from where it was (`offset` takes the step back) and the step
+    waits in `pending_steps` until `WallClockGuard` has asked Vault which side is right. So no
+    plan, expiry check or published `expires_at` is ever computed from a step nobody checked.
+    """
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.pending_steps: list[float] = []
+        self._base = time.time() - time.monotonic()
 
     def time(self) -> float:
-        return time.time() + self.offset
+        now = time.time()
+        base = now - time.monotonic()
+        step = base - self._base
+        self._base = base  # slewing moves the base a little at a time: followed silently
+        if abs(step) > STEP_THRESHOLD:
+            self.offset -= step
+            self.pending_steps.append(step)
+        return now + self.offset
 
     def system_time(self) -> float:
         """The system's wall clock, as it is."""
@@ -72,6 +91,7 @@ class FakeClock:
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
         self.offset = 0.0
+        self.pending_steps: list[float] = []
         self._now = start
         self._mono = 0.0
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
@@ -107,8 +127,12 @@ class FakeClock:
 
     def step_wall(self, seconds: float) -> None:
         """Step the wall clock alone, either way (an NTP step, a VM resume, libfaketime): the
-        monotonic clock and the sleepers do not move."""
+        monotonic clock and the sleepers do not move. As `SystemClock` does, a step larger than
+        STEP_THRESHOLD is held back (`offset`) until the guard decides."""
         self._now += seconds
+        if abs(seconds) > STEP_THRESHOLD:
+            self.offset -= seconds
+            self.pending_steps.append(seconds)
 
     @property
     def sleepers(self) -> int:
@@ -120,6 +144,7 @@ class AdjustableClock(Clock, Protocol):
     """A clock whose wall time the guard can hold steady: `time() = system_time() + offset`."""
 
     offset: float
+    pending_steps: list[float]
 
     def system_time(self) -> float: ...
 
@@ -130,17 +155,16 @@ TimeReference = Callable[[], Awaitable[float | None]]
 
 
 class WallClockGuard:
-    """Notices steps of the system's wall clock and decides which time keyturn lives by.
+    """Decides, with Vault's clock, which time keyturn lives by after a wall-clock step.
 
-    Every check compares the wall clock with the monotonic clock; a change of their difference
-    by more than `threshold` seconds is a step (NTP, a VM resume, an operator, libfaketime).
-    Which side is right is asked of `reference` (Vault's clock, which apps and the provider
-    share): if the system clock agrees with it, keyturn adopts the stepped clock; otherwise it
-    holds its time steady (`offset`), so plans, expiry checks and the `expires_at` apps read
-    stay right. Without an answer it holds, and asks again at the next check. Either way the
-    step is logged and `on_jump` re-plans every credential against the clock as it is now.
-    Run `check` from a plain loop on the monotonic clock, not from a scheduler that itself
-    plans by wall time.
+    The clock itself notices a step when it is read and holds its time steady (see
+    `SystemClock`); every second the guard looks at the steps it holds and asks `reference`
+    (Vault's clock, which apps and the provider share): if the system clock agrees with it,
+    keyturn adopts the stepped clock; if not, it keeps its steady time, so plans, expiry checks
+    and the `expires_at` apps read stay right. Without an answer it keeps holding and asks
+    again at the next check. A step is logged (`clock.jumped`) and `on_jump` re-plans every
+    credential. Run `check` from a plain loop on the monotonic clock, not from a scheduler that
+    itself plans by wall time.
     """
 
     def __init__(
@@ -149,25 +173,26 @@ class WallClockGuard:
         *,
         reference: TimeReference,
         on_jump: Callable[[float], None],
-        threshold: float = 2.0,
+        threshold: float = STEP_THRESHOLD,
     ) -> None:
         self._clock = clock
         self._reference = reference
         self._on_jump = on_jump
         self._threshold = threshold
-        self._base = clock.system_time() - clock.monotonic()
         self._log = structlog.get_logger("keyturn.clock")
 
     async def check(self) -> float:
         """One look; returns the offset now in force."""
         clock = self._clock
-        base = clock.system_time() - clock.monotonic()
-        step, self._base = base - self._base, base
-        stepped = abs(step) > self._threshold
-        if not stepped and clock.offset == 0.0:
+        clock.time()  # lets the clock notice a step that no one has read yet
+        steps, clock.pending_steps[:] = list(clock.pending_steps), []
+        if not steps and clock.offset == 0.0:
             return 0.0
-        offset = clock.offset - step if stepped else clock.offset  # hold time steady
         reference = await self._reference()
+        clock.time()
+        steps += clock.pending_steps  # a step during the question: judged with the answer
+        clock.pending_steps.clear()
+        offset = clock.offset
         if reference is not None:
             system = clock.system_time()
             if abs(system - reference) <= self._threshold:
@@ -176,7 +201,7 @@ class WallClockGuard:
                 offset = reference - system  # neither agrees: the reference decides
         changed = offset != clock.offset
         clock.offset = offset
-        if stepped:
+        for step in steps:
             self._log.warning(
                 "clock.jumped",
                 seconds=round(step, 3),
@@ -184,10 +209,10 @@ class WallClockGuard:
                 reference="unavailable" if reference is None else "vault",
                 following="system clock" if offset == 0.0 else "steady time",
             )
-        elif changed:
+        if changed and not steps:
             self._log.warning("clock.offset_changed", keyturn_offset=round(offset, 3))
-        if stepped or changed:
-            self._on_jump(step)
+        if steps or changed:
+            self._on_jump(sum(steps))
         return offset
 
     async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:

@@ -82,12 +82,14 @@ class Lease:
     seconds: float
 
     def until(self, state: CredentialState, now: float) -> float:
-        """`now` plus the lease length: `seconds`, but at most half of what the published
-        token has left (at least MIN_LEASE), so a dead holder's lease ends in time for another
-        instance to refresh before apps see an expired token."""
+        """`now` plus the lease length: `seconds` (one step's worth of work), but while the
+        published token is valid at most half of what it has left, and at most what it has
+        left minus one step (at least MIN_LEASE), so a dead holder's lease ends in time for
+        another instance to take over and refresh before apps see an expired token."""
         length = self.seconds
         if state.expires_at is not None and state.expires_at > now:
-            length = min(length, max(MIN_LEASE, (state.expires_at - now) / 2))
+            left = state.expires_at - now
+            length = min(length, max(MIN_LEASE, min(left / 2, left - self.seconds)))
         return now + length
 
 
@@ -349,7 +351,9 @@ class CredentialJob:
         error = LeaseHeld(
             f"being worked on by instance {state.lease_owner or 'unknown'}", credential=self.name
         )
-        return Outcome("lease_held", until + self._rng.uniform(0.1, 1.0), state, error)
+        # Just after the lease ends (a dead holder's successor must not lose time), spread a
+        # little so that several instances do not race for it in step.
+        return Outcome("lease_held", until + self._rng.uniform(0.05, 0.3), state, error)
 
     def _failure_outcome(
         self, state: CredentialState, error: KeyturnError, failures: int, *, report: bool = True

@@ -72,6 +72,9 @@ class CredentialState:
     # answer is stored: a record found with it set means the answer was lost (crash, time-out),
     # the provider may have rotated the token, and it must never be presented again.
     refresh_in_flight: str | None = None
+    # A refresh token burned that way, kept only to be revoked (RFC 7009) once the replacement
+    # is published: revoking a grant also kills the access token apps read until then.
+    burned_refresh_token: Secret | None = None
     issued_at: float | None = None
     expires_at: float | None = None
     scope: str | None = None
@@ -154,7 +157,7 @@ _TIME_FIELDS = frozenset(
         "rotation_retry_at",
     }
 )
-_SECRET_FIELDS = frozenset({"refresh_token", "key", "pending_key"})
+_SECRET_FIELDS = frozenset({"refresh_token", "burned_refresh_token", "key", "pending_key"})
 _INT_FIELDS = frozenset(
     {"published_version", "consecutive_failures", "rotation_failures", "verify_failures"}
 )

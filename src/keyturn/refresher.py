@@ -226,6 +226,9 @@ class TokenRefresh:
             )
         published_version = await self._publish(token.access_token, issued_at, expires_at, state)
         self._confirmed_version = published_version
+        if state.burned_refresh_token is not None:  # apps now read a token of another grant
+            await self._revoke(state.burned_refresh_token)
+            state = state.with_(burned_refresh_token=None)
         journal.stage(
             state.with_(
                 issued_at=issued_at,
@@ -263,13 +266,17 @@ class TokenRefresh:
     async def _burn(self, journal: Journal, state: CredentialState, why: str) -> CredentialState:
         """A refresh token whose answer was lost may have been rotated by the provider: never
         present it again (the provider would see reuse and revoke the family). Drop it, revoke
-        it where the provider offers RFC 7009, and let the next grant be client_credentials."""
-        burned = state.refresh_token
+        it where the provider offers RFC 7009 once a replacement is published (revoking the
+        grant also kills the access token apps read until then), and let the next grant be
+        client_credentials."""
         log.warning("refresh_token.lost", credential=self.target.name, reason=why)
-        state = await journal.save(state.with_(refresh_token=None, refresh_in_flight=None))
-        if burned is not None:
-            await self._revoke(burned)
-        return state
+        return await journal.save(
+            state.with_(
+                refresh_token=None,
+                refresh_in_flight=None,
+                burned_refresh_token=state.refresh_token or state.burned_refresh_token,
+            )
+        )
 
     async def _revoke(self, token: Secret) -> None:
         """Best effort: a failure here is logged; the family then lives out its lifetime."""

@@ -220,9 +220,12 @@ async def test_an_answer_lost_in_flight_burns_the_refresh_token() -> None:
     assert isinstance(outcome.error, ProviderUnavailable)
     state = await world.state()
     assert state.refresh_token is None and state.refresh_in_flight is None
-    assert held is not None and world.server.revoked == [held.reveal()]  # RFC 7009
+    # Not revoked yet: that would kill the access token apps read until a new one is out.
+    assert world.server.revoked == [] and state.burned_refresh_token == held
     assert (await job.run(force=True)).action == "refreshed"
     assert world.server.grants[-1] == "client_credentials"
+    assert held is not None and world.server.revoked == [held.reveal()]  # RFC 7009
+    assert (await world.state()).burned_refresh_token is None
     assert world.server.reuse == 0
     assert world.observer.named("suspicious") == []  # not the theft detector
 
@@ -334,12 +337,14 @@ async def test_a_lagging_vault_node_never_makes_a_refresh_token_be_sent_twice() 
 # -- 4. the lease is short and renewed -----------------------------------------------------------
 
 
-def test_a_lease_never_outlasts_half_of_what_the_token_has_left() -> None:
-    lease = Lease("i-1", 40.0)
+def test_a_lease_leaves_a_successor_time_to_refresh() -> None:
+    lease = Lease("i-1", 13.0)  # a 3 s provider timeout plus slack
     now = 1000.0
-    assert lease.until(CredentialState(), now) == now + 40  # nothing published yet
-    assert lease.until(CredentialState(expires_at=now + 600), now) == now + 40
-    assert lease.until(CredentialState(expires_at=now + 20), now) == now + 10
+    assert lease.until(CredentialState(), now) == now + 13  # nothing published yet
+    assert lease.until(CredentialState(expires_at=now + 600), now) == now + 13
+    assert lease.until(CredentialState(expires_at=now + 20), now) == now + 7  # a step left
+    assert lease.until(CredentialState(expires_at=now + 24), now) == now + 11
+    assert lease.until(CredentialState(expires_at=now + 7), now) == now + MIN_LEASE
     assert lease.until(CredentialState(expires_at=now + 1), now) == now + MIN_LEASE
 
 

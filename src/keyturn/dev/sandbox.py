@@ -131,6 +131,9 @@ class SandboxAdmin:
     def revoke_token(self, token: str) -> Any:
         return self.request("POST", "/admin/tokens/revoke", {"token": token})
 
+    def introspect_token(self, token: str) -> Any:
+        return self.request("POST", "/admin/tokens/introspect", {"token": token})
+
     def revoke_client_tokens(self, client_id: str) -> Any:
         return self.request("POST", "/admin/tokens/revoke", {"client_id": client_id})
 

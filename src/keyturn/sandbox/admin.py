@@ -216,6 +216,21 @@ async def revoke_tokens(request: web.Request, sandbox: Sandbox) -> web.Response:
 
 
 @guarded
+async def introspect_token(request: web.Request, sandbox: Sandbox) -> web.Response:
+    """`{"token": value}`: that token's record (as in the listing) plus `active`, or
+    `{"active": false}` for a value the sandbox does not know (never issued, or forgotten)."""
+    data = await _body(request, sandbox)
+    value = data.get("token")
+    if not isinstance(value, str) or not value:
+        raise ConfigError("expected a body with token")
+    found = sandbox.state.find_token(Secret(value))
+    if found is None:
+        return json_response({"active": False})
+    record = found.to_json(sandbox.clock.time())
+    return json_response({"active": record["status"] == "active", **record})
+
+
+@guarded
 async def usage(request: web.Request, sandbox: Sandbox) -> web.Response:
     now = sandbox.clock.time()
     state = sandbox.state
@@ -276,6 +291,7 @@ def add_routes(app: web.Application) -> None:
         ("DELETE", "/admin/oauth-apps/{client_id}/secrets/{secret_id}", revoke_client_secret),
         ("GET", "/admin/tokens", list_tokens),
         ("POST", "/admin/tokens/revoke", revoke_tokens),
+        ("POST", "/admin/tokens/introspect", introspect_token),
         ("GET", "/admin/usage", usage),
         ("GET", "/admin/settings", get_settings),
         ("PUT", "/admin/settings", put_settings),

@@ -1,8 +1,9 @@
 """The aiohttp Application: routes, and one middleware for faults, rate limits and the access log.
 
 Order for a service endpoint (`token`, `revoke`, `users`, `projects`): injected latency, then an
-injected outage or error, then the rate limit, then the handler. Admin routes and `/healthz`
-skip faults and limits, so a test can always reach the admin API to undo what it set.
+injected outage or error, then the rate limit, then the handler, then an injected answer delay.
+Admin routes and `/healthz` skip faults and limits, so a test can always reach the admin API to
+undo what it set.
 
 The access log names the route pattern, never the raw path or query (which a careless client
 could fill with a token), and only non-secret ids: client_id, key_id.
@@ -69,7 +70,13 @@ async def _service(
     if retry_after is not None:
         request["fault"] = "rate_limited"
         return _rate_limited(retry_after)
-    return await handler(request)
+    response = await handler(request)
+    if fault is not None and fault.answer_delay:
+        # The request is handled (a refresh token rotated, a token revoked); only the answer
+        # is late. A client that gives up meanwhile never learns what happened.
+        request["fault"] = "answer_delay"
+        await sandbox.clock.sleep(fault.answer_delay)
+    return response
 
 
 def _from_http_exception(exc: web.HTTPException) -> web.Response:

@@ -31,6 +31,7 @@ _NUMBERS: dict[str, tuple[float, float, float, bool]] = {
     "error_rate": (0, 0, 1, False),
     "error_status": (503, 400, 599, True),
     "latency_ms": (0, 0, 60_000, True),
+    "answer_delay_ms": (0, 0, 60_000, True),
     "outage_seconds": (0, 0, 86400, False),
     "outage_status": (503, 400, 599, True),
 }
@@ -42,6 +43,7 @@ class FaultRule:
     error_rate: float = 0.0
     error_status: int = 503
     latency_ms: int = 0
+    answer_delay_ms: int = 0  # after the handler ran: its effects stay if the client left
     outage_until: float | None = None  # wall clock; the outage started when the rule was set
     outage_status: int = 503
     retry_after: int | None = None  # sent with injected errors (outages always send one)
@@ -53,6 +55,7 @@ class FaultRule:
             "error_rate": self.error_rate,
             "error_status": self.error_status,
             "latency_ms": self.latency_ms,
+            "answer_delay_ms": self.answer_delay_ms,
             "outage_remaining_seconds": round(remaining, 3),
             "outage_status": self.outage_status,
             "retry_after": self.retry_after,
@@ -66,6 +69,7 @@ class Fault:
 
     latency: float = 0.0
     status: int | None = None  # None: handle the request normally (after the latency)
+    answer_delay: float = 0.0  # handled requests: wait this long between handling and answering
     retry_after: int | None = None
     drop_connection: bool = False
     reason: str = ""
@@ -101,6 +105,7 @@ def _parse_rule(problems: Problems, selector: str, data: Any, now: float) -> Fau
         error_rate=values["error_rate"],
         error_status=int(values["error_status"]),
         latency_ms=int(values["latency_ms"]),
+        answer_delay_ms=int(values["answer_delay_ms"]),
         outage_until=now + outage if outage > 0 else None,
         outage_status=int(values["outage_status"]),
         retry_after=retry_after,
@@ -173,7 +178,10 @@ class FaultInjector:
                 drop_connection=rule.drop_connection,
                 reason="error_rate",
             )
-        return Fault(latency=latency) if latency else None
+        answer_delay = rule.answer_delay_ms / 1000.0
+        if latency or answer_delay:
+            return Fault(latency=latency, answer_delay=answer_delay)
+        return None
 
 
 class RateLimiter:

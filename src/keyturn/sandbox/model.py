@@ -148,10 +148,15 @@ class OAuthApp:
     usage: Usage = field(default_factory=Usage)
     oauth_requests: int = 0
     resource_requests: int = 0
+    refresh_token_reuses: int = 0  # used refresh tokens presented again (each revoked a family)
 
     def to_json(self, now: float) -> dict[str, Any]:
         usage = self.usage.to_json()
-        usage.update(oauth_requests=self.oauth_requests, resource_requests=self.resource_requests)
+        usage.update(
+            oauth_requests=self.oauth_requests,
+            resource_requests=self.resource_requests,
+            refresh_token_reuses=self.refresh_token_reuses,
+        )
         return {
             "client_id": self.client_id,
             "name": self.name,
@@ -205,7 +210,16 @@ class IssuedToken:
             "expires_at": timestamp(self.expires_at),
             "used_at": timestamp(self.used_at),
             "revoked_at": timestamp(self.revoked_at or self.family.revoked_at),
+            "revoke_reason": self.revoke_reason,
         }
+
+    @property
+    def revoke_reason(self) -> str | None:
+        """Why the token is revoked: its family's reason ("refresh token reuse", "refresh
+        token revoked", "revoked by admin") or "access token revoked"; None if it is not."""
+        if self.family.revoked_at is not None:
+            return self.family.revoke_reason
+        return "access token revoked" if self.revoked_at is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,6 +201,7 @@ class SandboxState:
         if token.revoked_at is not None or token.family.revoked_at is not None:
             raise OAuthFailure("invalid_grant", "refresh token has been revoked")
         if token.used_at is not None:
+            app.refresh_token_reuses += 1
             self._revoke_family(token.family, "refresh token reuse")
             raise OAuthFailure(
                 "invalid_grant", "refresh token was already used; its token family is revoked"
