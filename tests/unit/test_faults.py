@@ -21,25 +21,12 @@ from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
 from keyturn.testing.oauth import FakeOAuthServer
+from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
 
 STATE = "keyturn/state/reporting"
 PUBLISHED = "apps/reporting/acme"
 BACKOFF = BackoffPolicy(initial=1, maximum=300)
-
-
-@dataclass
-class RecordingObserver:
-    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
-
-    def __getattr__(self, name: str):
-        def record(*args: object) -> None:
-            self.calls.append((name, args))
-
-        return record
-
-    def named(self, name: str) -> list[tuple[object, ...]]:
-        return [args for call, args in self.calls if call == name]
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -17,24 +17,11 @@ from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.refresher import OAuthRefresher, OAuthTarget
 from keyturn.secret import Secret
 from keyturn.testing.oauth import FakeOAuthServer
+from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
 
 STATE = "keyturn/state/reporting"
 PUBLISHED = "apps/reporting/acme"
-
-
-@dataclass
-class RecordingObserver:
-    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
-
-    def __getattr__(self, name: str):  # token_request, published, scheduled, failed, suspicious
-        def record(*args: object) -> None:
-            self.calls.append((name, args))
-
-        return record
-
-    def named(self, name: str) -> list[tuple[object, ...]]:
-        return [args for call, args in self.calls if call == name]
 
 
 @dataclass
