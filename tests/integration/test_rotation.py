@@ -201,6 +201,7 @@ def test_client_secret_rotation_keeps_tokens_flowing(
             "backoff": {"initial": "200ms", "max": "1s"},
             "rotation": {"max_age": "3s", "grace": "1500ms", "rotator": "sandbox-client-secrets"},
         },
+        provider={"revoke_path": "/oauth/revoke"},
     )
     client_id = deployment.deployment.clients["reporting"]["client_id"]
     [input_secret] = [s["secret_id"] for s in sandbox.admin.get_oauth_app(client_id)["secrets"]]
@@ -245,6 +246,21 @@ def test_client_secret_rotation_keeps_tokens_flowing(
     log = daemon.log_text()
     assert '"rotation.previous_without_id"' in log  # the input secret, logged for a person
     assert "invalid_client" not in log
+    # Each verification grant's refresh token was revoked (RFC 7009), not left alive for its
+    # lifetime: the only live refresh token is the one keyturn holds.
+    refresh = [t for t in sandbox.admin.list_tokens(client_id) if t["kind"] == "refresh"]
+    revoked_by_keyturn = [t for t in refresh if t["revoke_reason"] == "refresh token revoked"]
+    assert len(revoked_by_keyturn) >= rotations() >= 2
+    assert [t for t in refresh if t["status"] == "active"] == [
+        t for t in refresh if t["status"] == "active" and t["family_id"] == live_family(refresh)
+    ]
+    assert len({t["family_id"] for t in refresh if t["status"] == "active"}) <= 1
+
+
+def live_family(tokens: list[dict[str, object]]) -> object:
+    """The family of the newest active refresh token (keyturn's own chain)."""
+    active = [t for t in tokens if t["status"] == "active"]
+    return max(active, key=lambda t: str(t["issued_at"]))["family_id"] if active else None
 
 
 def test_manual_rotation_waits_for_import_key(

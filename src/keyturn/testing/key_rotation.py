@@ -197,6 +197,7 @@ def prepare_key_deployment(
     rotators: str = SANDBOX_ROTATORS,
     oauth_clients: Iterable[str] = (),
     oauth_credential: Mapping[str, Any] | None = None,
+    provider: Mapping[str, Any] | None = None,
 ) -> KeyDeployment:
     """`prepare_deployment` for `oauth_clients` (with `oauth_credential`'s keys), then the
     `api_keys` credentials (published at `<namespace>/apps/<name>/key`) and the `rotators`
@@ -208,6 +209,7 @@ def prepare_key_deployment(
         list(oauth_clients),
         namespace=namespace,
         credential=oauth_credential,
+        provider=provider,
     )
     result = KeyDeployment(deployment, env={ADMIN_TOKEN_VARIABLE: sandbox.admin_token})
     sections = [deployment.config_path.read_text()]
