@@ -163,8 +163,8 @@ class WallClockGuard:
     keyturn adopts the stepped clock; if not, it keeps its steady time, so plans, expiry checks
     and the `expires_at` apps read stay right. Without an answer it keeps holding and asks
     again at the next check. A step is logged (`clock.jumped`) and `on_jump` re-plans every
-    credential. Run `check` from a plain loop on the monotonic clock, not from a scheduler that
-    itself plans by wall time.
+    credential. Call `check` from a plain loop on the monotonic clock (the daemon's
+    `background`), not from a scheduler that itself plans by wall time.
     """
 
     def __init__(
@@ -214,14 +214,3 @@ class WallClockGuard:
         if steps or changed:
             self._on_jump(sum(steps))
         return offset
-
-    async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
-        """Check every `interval` seconds (monotonic) until `stop` is set."""
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval)
-            except TimeoutError:
-                try:
-                    await self.check()
-                except Exception as exc:  # a broken check must not end the guard
-                    self._log.error("clock.check_failed", error_type=type(exc).__name__)

@@ -118,32 +118,47 @@ async def vault_server_time(config: Config) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-async def wake_when_vault_returns(
-    runtime: Runtime, scheduler: CredentialScheduler, stop: asyncio.Event
-) -> None:
+def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Callable[[], Awaitable[None]]:
     """Runs that failed because Vault was down or sealed run again the moment Vault answers,
     not when their backoff ends: every second of that gap is a second apps may read an expired
     token."""
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=VAULT_RECHECK_SECONDS)
-        if stop.is_set() or not scheduler.waiting_for_vault:
-            continue
+
+    async def check() -> None:
+        if not scheduler.waiting_for_vault:
+            return
         try:
             await runtime.store.health()
         except KeyturnError:
-            continue
+            return
         woken = scheduler.wake(sorted(scheduler.waiting_for_vault))
         scheduler.waiting_for_vault.clear()
         log.info("vault.back", credentials_woken=len(woken))
 
+    return check
+
+
+Periodic = tuple[float, Callable[[], Awaitable[object]]]
+
 
 @contextlib.asynccontextmanager
-async def background(*loops: Callable[[asyncio.Event], Awaitable[None]]) -> AsyncIterator[None]:
-    """Plain asyncio loops beside the scheduler (they must not depend on its wall-clock plans);
-    stopped and awaited on exit."""
+async def background(*periodic: Periodic) -> AsyncIterator[None]:
+    """Each `(interval, body)`: `body()` every `interval` seconds on the event loop's monotonic
+    clock, beside the scheduler (these must not depend on its wall-clock plans); a failing body
+    is logged and called again next time. Stopped and awaited on exit."""
     stop = asyncio.Event()
-    tasks = [asyncio.ensure_future(loop(stop)) for loop in loops]
+
+    async def every(interval: float, body: Callable[[], Awaitable[object]]) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            if stop.is_set():
+                return
+            try:
+                await body()
+            except Exception as exc:  # a broken check must not end its loop
+                log.error("background.failed", error_type=type(exc).__name__)
+
+    tasks = [asyncio.ensure_future(every(interval, body)) for interval, body in periodic]
     try:
         yield
     finally:
@@ -221,16 +236,14 @@ async def run_daemon(
         runtime.observers.add(AlertingObserver(dispatcher))
         await dispatcher.start()
         await server.start()
-        loops: list[Callable[[asyncio.Event], Awaitable[None]]] = [
-            lambda stop: wake_when_vault_returns(runtime, scheduler, stop)
-        ]
+        loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
         if isinstance(clock, SystemClock):
             guard = WallClockGuard(
                 clock,
                 reference=lambda: vault_server_time(config),
                 on_jump=lambda _step: scheduler.replan(),
             )
-            loops.append(lambda stop: guard.run(stop, CLOCK_CHECK_SECONDS))
+            loops.append((CLOCK_CHECK_SECONDS, guard.check))
         try:
             metrics.heartbeat()
             scheduler.start()

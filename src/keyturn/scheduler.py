@@ -136,10 +136,8 @@ class CredentialScheduler:
         a plan was computed from: each credential runs now (reading its record, it plans again
         against the clock as it is now; the semaphore bounds the burst), and each housekeeping
         job too."""
+        self.wake([name for name, status in self._status.items() if not status.running])
         now = self._clock.time()
-        for name, status in self._status.items():
-            if not status.running:
-                self._plan(name, now)
         for name in self._periodic:
             self._plan_periodic(name, now)
 

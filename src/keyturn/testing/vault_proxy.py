@@ -21,11 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 from aiohttp import web
+
+from keyturn.dev.process import ManagedServer
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and those aiohttp sets itself.
 _SKIP = frozenset(
@@ -60,7 +61,7 @@ class _Rule:
 
 
 @dataclass
-class FaultyVaultProxy:
+class FaultyVaultProxy(ManagedServer):
     upstream: str
     requests: list[ProxiedRequest] = field(default_factory=list)
     port: int = 0
@@ -107,17 +108,6 @@ class FaultyVaultProxy:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _serve(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
