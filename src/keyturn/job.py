@@ -125,9 +125,7 @@ class Journal:
                     lease_owner=self._lease.owner,
                     lease_until=self._lease.until(state, self._clock.time()),
                 )
-            self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
-            self.state = state
-            return state
+            return await self._write(state)
 
     def stage(self, state: CredentialState) -> CredentialState:
         self.state = state
@@ -136,10 +134,12 @@ class Journal:
     async def release(self) -> CredentialState:
         """Write the staged state with the lease given up: the run is over."""
         async with self._lock:
-            state = self.state.with_(lease_owner=None, lease_until=None)
-            self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
-            self.state = state
-            return state
+            return await self._write(self.state.with_(lease_owner=None, lease_until=None))
+
+    async def _write(self, state: CredentialState) -> CredentialState:
+        self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+        self.state = state
+        return state
 
     async def keep_alive(self, stop: asyncio.Event) -> None:
         """Renew the lease every third of its length until `stop` is set. A lost CAS means
