@@ -7,6 +7,7 @@ takes a `Clock`, so tests drive time with `FakeClock` instead of patching `time`
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -58,22 +59,27 @@ class SystemClock:
     once; keyturn's time goes on from where it was (`offset` takes the step back) and the step
     waits in `pending_steps` until `WallClockGuard` has asked Vault which side is right. So no
     plan, expiry check or published `expires_at` is ever computed from a step nobody checked.
+
+    Threads read it too (the metrics collector, Vault calls in the executor): a lock makes
+    sure one step is taken back once, not once per thread that saw it.
     """
 
     def __init__(self) -> None:
         self.offset = 0.0
         self.pending_steps: list[float] = []
         self._base = time.time() - time.monotonic()
+        self._lock = threading.Lock()
 
     def time(self) -> float:
-        now = time.time()
-        base = now - time.monotonic()
-        step = base - self._base
-        self._base = base  # slewing moves the base a little at a time: followed silently
-        if abs(step) > STEP_THRESHOLD:
-            self.offset -= step
-            self.pending_steps.append(step)
-        return now + self.offset
+        with self._lock:
+            now = time.time()
+            base = now - time.monotonic()
+            step = base - self._base
+            self._base = base  # slewing moves the base a little at a time: followed silently
+            if abs(step) > STEP_THRESHOLD:
+                self.offset -= step
+                self.pending_steps.append(step)
+            return now + self.offset
 
     def system_time(self) -> float:
         """The system's wall clock, as it is."""

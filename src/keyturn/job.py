@@ -120,12 +120,22 @@ class Journal:
 
     async def save(self, state: CredentialState) -> CredentialState:
         async with self._lock:
-            if self._lease is not None and self._clock is not None:
-                state = state.with_(
-                    lease_owner=self._lease.owner,
-                    lease_until=self._lease.until(state, self._clock.time()),
-                )
-            return await self._write(state)
+            return await self._write(self._leased(state))
+
+    async def renew(self) -> CredentialState:
+        """Extend the lease on the record as it is when the write starts: the state is read
+        under the lock, so a renewal queued behind a task's save never writes back the state
+        that save replaced."""
+        async with self._lock:
+            return await self._write(self._leased(self.state))
+
+    def _leased(self, state: CredentialState) -> CredentialState:
+        if self._lease is None or self._clock is None:
+            return state
+        return state.with_(
+            lease_owner=self._lease.owner,
+            lease_until=self._lease.until(state, self._clock.time()),
+        )
 
     def stage(self, state: CredentialState) -> CredentialState:
         self.state = state
@@ -160,7 +170,7 @@ class Journal:
             if stop.is_set():
                 return
             try:
-                await self.save(self.state)
+                await self.renew()
             except VaultCasConflict:
                 log.warning("lease.lost", path=self._path)
                 return

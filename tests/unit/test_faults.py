@@ -357,6 +357,51 @@ async def test_a_long_step_renews_the_lease(world: World) -> None:
     assert state.lease_owner == "i-1"
 
 
+class GatedStore(FakeVaultStore):
+    """Writes wait for `gate` while it is closed (a slow Vault under a step's save)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def write(self, path, data, *, cas, custom_metadata=None):  # type: ignore[no-untyped-def]
+        await self.gate.wait()
+        return await super().write(path, data, cas=cas, custom_metadata=custom_metadata)
+
+
+async def test_a_renewal_queued_behind_a_save_never_writes_back_the_state_it_replaced() -> None:
+    """The lease renewal fires while a task's save is slow: it must renew the saved state,
+    not the one it saw before it waited (which would bring back a refresh token in flight)."""
+    clock = FakeClock()
+    store = GatedStore(clock)
+    await store.write(STATE, CredentialState().to_data(), cas=0)
+    lease = Lease("i-1", 3.0)
+    journal = Journal(store, STATE, CredentialState(), 1, clock=clock, lease=lease)
+    in_flight = await journal.save(CredentialState(refresh_in_flight="attempt-1"))
+    stop = asyncio.Event()
+    keeper = asyncio.ensure_future(journal.keep_alive(stop))
+    await asyncio.sleep(0)
+    store.gate.clear()
+    saving = asyncio.ensure_future(journal.save(in_flight.with_(refresh_in_flight=None)))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    clock.advance(1.1)  # the renewal is due: it queues behind the save
+    for _ in range(3):
+        await asyncio.sleep(0)
+    store.gate.set()
+    await saving
+    for _ in range(10):
+        await asyncio.sleep(0)
+    renewals = len(store.writes)
+    stop.set()
+    await keeper
+    assert renewals >= 4  # the seed, the in-flight mark, the save, the renewal
+    entry = await store.read(STATE, consistent=True)
+    assert entry is not None
+    assert CredentialState.from_data(entry.data, "reporting").refresh_in_flight is None
+
+
 # -- 6. any exception is a failure of the one credential -----------------------------------------
 
 
