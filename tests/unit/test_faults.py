@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 
 from keyturn.clock import FakeClock, WallClockGuard
-from keyturn.errors import ProviderUnavailable, RateLimited, VaultUnavailable
+from keyturn.errors import (
+    ProviderUnavailable,
+    RateLimited,
+    VaultDataError,
+    VaultPermissionDenied,
+    VaultUnavailable,
+)
 from keyturn.job import MIN_LEASE, CredentialJob, Journal, Lease
 from keyturn.layout import CredentialState
 from keyturn.policy import URGENT_FLOOR, URGENT_SHARE, BackoffPolicy, RefreshPolicy, retry_delay
@@ -37,6 +44,7 @@ class World:
     store: FakeVaultStore = field(init=False)
     on_token_request: list[object] = field(default_factory=list)  # callbacks, run once each
     bug: BaseException | None = None  # raised by the transport itself, as a bug would be
+    inputs_error: Exception | None = None  # raised when the job reads client_id/client_secret
 
     def __post_init__(self) -> None:
         self.store = FakeVaultStore(clock=self.clock)
@@ -60,6 +68,8 @@ class World:
         )
 
         async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
+            if self.inputs_error is not None:
+                raise self.inputs_error
             return "cid", Secret(self.server.client_secret)
 
         return OAuthRefresher(
@@ -475,3 +485,97 @@ async def test_without_vault_the_guard_holds_time_steady_until_it_can_ask() -> N
     assert clock.time() == before
     reference.true_time = clock.system_time()  # Vault says the new time was right after all
     assert await guard.check() == 0.0
+
+
+# -- 7. every failure path backs off and counts ----------------------------------------------------
+
+
+class FailingPaths(FakeVaultStore):
+    """A Vault that refuses every call on one path (the state record, the published path)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.refuse: tuple[str, Exception] | None = None
+
+    def _refuse(self, path: str) -> None:
+        if self.refuse is not None and path == self.refuse[0]:
+            raise self.refuse[1]
+
+    async def read(self, path, *, consistent=False):  # type: ignore[no-untyped-def]
+        self._refuse(path)
+        return await super().read(path, consistent=consistent)
+
+    async def write(self, path, data, *, cas, custom_metadata=None):  # type: ignore[no-untyped-def]
+        self._refuse(path)
+        return await super().write(path, data, cas=cas, custom_metadata=custom_metadata)
+
+
+def _provider_down(world: World) -> None:
+    world.bug = httpx.ConnectError("connection refused")
+
+
+def _answers(status: int, **kwargs: object) -> Callable[[World], None]:
+    def arrange(world: World) -> None:
+        world.server.next_responses.extend(httpx.Response(status, **kwargs) for _ in range(20))  # type: ignore[arg-type]
+
+    return arrange
+
+
+def _vault_refuses(path: str, error: Exception) -> Callable[[World], None]:
+    def arrange(world: World) -> None:
+        assert isinstance(world.store, FailingPaths)
+        world.store.refuse = (path, error)
+
+    return arrange
+
+
+def _inputs_refused(world: World) -> None:
+    world.inputs_error = VaultPermissionDenied(
+        "vault read: HTTP 403, permission denied", path="secret/data/inputs/reporting"
+    )
+
+
+FAILURE_PATHS: dict[str, Callable[[World], None]] = {
+    "provider down": _provider_down,
+    "provider 5xx": _answers(502),
+    "provider 429": _answers(429),
+    "malformed answer": _answers(200, content=b"<html>not json</html>"),
+    "vault 404 on state": _vault_refuses(STATE, VaultDataError("HTTP 404, not found", path=STATE)),
+    "vault 403 on state": _vault_refuses(
+        STATE, VaultPermissionDenied("HTTP 403, permission denied", path=STATE)
+    ),
+    "vault 5xx on state": _vault_refuses(STATE, VaultUnavailable("HTTP 503", path=STATE)),
+    "vault 404 on publish": _vault_refuses(
+        PUBLISHED, VaultDataError("HTTP 404, not found", path=PUBLISHED)
+    ),
+    "vault 403 on publish": _vault_refuses(
+        PUBLISHED, VaultPermissionDenied("HTTP 403, permission denied", path=PUBLISHED)
+    ),
+    "vault 5xx on publish": _vault_refuses(PUBLISHED, VaultUnavailable("HTTP 500", path=PUBLISHED)),
+    "vault refuses the inputs": _inputs_refused,
+}
+
+
+@pytest.mark.parametrize("path", list(FAILURE_PATHS))
+async def test_every_failure_path_backs_off_and_counts_towards_the_alert(path: str) -> None:
+    """A first run that fails the same way eight times: each failure is counted (1, 2, 3…, so
+    `credential_failing` fires at its threshold) and the delay grows with the credential's
+    backoff; no path retries on a fixed short schedule."""
+    clock = FakeClock()
+    world = World(clock=clock)
+    world.store = FailingPaths(clock)
+    FAILURE_PATHS[path](world)
+    job = world.job()
+    delays = []
+    for _ in range(8):
+        outcome = await job.run()
+        assert outcome.action == "failed", (path, outcome)
+        delays.append(outcome.next_due - clock.time())
+        clock.advance(max(0.0, outcome.next_due - clock.time()))
+    counts = [event[4] for event in world.observer.named("failed")]
+    assert counts == list(range(1, 9)), (path, counts)
+    # Full jitter draws each delay in [initial, initial * 2**(n-1)]: the caps grow, and late
+    # delays are far above the first second.
+    for n, delay in enumerate(delays, start=1):
+        assert BACKOFF.initial <= delay <= BACKOFF.initial * 2 ** (n - 1) + 1e-6, (path, delays)
+    assert sum(delays[4:]) > 4 * 3 * BACKOFF.initial, (path, delays)
