@@ -322,6 +322,61 @@ def test_a_refresh_token_used_by_someone_else_is_reported_and_keyturn_recovers(
     assert any(t["status"] == "revoked" for t in tokens)  # the stolen family is dead
 
 
+def test_a_refused_refresh_token_is_dropped_and_a_failing_fallback_alerts_once(
+    deploy, start, receiver: AlertReceiver
+) -> None:
+    """The refresh token is revoked at the service and the fallback (client_credentials) is
+    refused too (the scope keyturn asks for is no longer allowed): the refresh token is dropped
+    after one `refresh_token_rejected` alert and never sent again; the credential is then
+    failing (`credential_failing`), without a critical alert on every retry. When the service
+    allows the scope again, keyturn publishes and the failure resolves."""
+    scope = "users:read projects:read"
+    deployment = deploy(
+        ["dropped"],
+        {"access_token_lifetime": 6, "issue_refresh_token_for_client_credentials": True},
+        credential={"scope": scope},
+    )
+    running = start(deployment)
+    version, _ = wait_published(deployment, "dropped")
+    held = private_state(deployment, "dropped")["refresh_token"]
+    admin = deployment.sandbox.admin
+    admin.update_settings(default_scope="users:read")
+    admin.revoke_token(held)
+
+    alert = receiver.wait_alert("refresh_token_rejected", "dropped", timeout=15)
+    assert_alert(alert, "KeyturnRefreshTokenRejected", "critical", "sandbox")
+    receiver.wait_alert("credential_failing", "dropped", timeout=20)
+    time.sleep(3)  # several more retries (backoff 200 ms .. 1 s)
+    assert "refresh_token" not in private_state(deployment, "dropped")
+    assert len(receiver.matching("refresh_token_rejected", "dropped")) == 1
+    grants = dict(
+        refresh=running.sample(
+            "keyturn_token_requests_total", credential="dropped", grant_type="refresh_token"
+        ),
+        refused=running.sample(
+            "keyturn_token_requests_total",
+            credential="dropped",
+            grant_type="refresh_token",
+            outcome="invalid_grant",
+        ),
+        fallback=running.sample(
+            "keyturn_token_requests_total",
+            credential="dropped",
+            grant_type="client_credentials",
+            outcome="invalid_scope",
+        ),
+    )
+    assert grants["refused"] == 1, grants  # the refused token was sent once, never again
+    assert grants["fallback"] >= 3, grants  # the fallback kept being tried, with backoff
+    assert int(private_state(deployment, "dropped")["consecutive_failures"]) >= 3
+    published = read_published(deployment, "dropped")
+    assert published is not None and published[0] == version  # nothing refused was published
+
+    admin.update_settings(default_scope=scope)
+    wait_published(deployment, "dropped", after=version, timeout=15)
+    receiver.wait_alert("credential_failing", "dropped", status="resolved", timeout=10)
+
+
 # -- 3. invalid_client --------------------------------------------------------------------------
 
 
