@@ -1,7 +1,9 @@
 """The `keyturn` command line: one sub-command per module, dispatched here.
 
 Each command module exposes `add_arguments(parser)` and `run(args) -> int` (the exit code);
-this file only wires them, so a command's code lives beside what it drives.
+this file only wires them, so a command's code lives beside what it drives. Options every
+command takes (`--log-format`) are added here, before or after the command's name, and the log
+format is decided here, once, before the command runs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from collections.abc import Sequence
 
 from keyturn import __version__
+from keyturn.commands import add_log_format_argument
+from keyturn.logs import configure_logging
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -35,9 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Keeps the OAuth tokens and API keys of a third-party API fresh in Vault.",
     )
     parser.add_argument("--version", action="version", version=f"keyturn {__version__}")
+    add_log_format_argument(parser)
+    # The same options after the command's name; SUPPRESS: absent there, the value given before
+    # it (or the default) stays.
+    common = argparse.ArgumentParser(add_help=False)
+    add_log_format_argument(common, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        command_parser = sub.add_parser(
+            name, help=help_text, description=help_text, parents=[common]
+        )
         module = importlib.import_module(module_name)
         module.add_arguments(command_parser)
         command_parser.set_defaults(_module=module)
@@ -46,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Warnings only until the command sets its level (from the configuration, or its own
+    # option); the format chosen here holds for every later configure_logging in the process.
+    configure_logging("warning", fmt=args.log_format)
     try:
         return int(args._module.run(args))
     except KeyboardInterrupt:

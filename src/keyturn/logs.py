@@ -1,16 +1,18 @@
-"""Structured JSON logs with redaction designed in.
+"""Structured logs with redaction designed in: JSON lines, or aligned lines for a terminal.
 
 Two layers keep secrets out of logs: values travel as `Secret` (which renders as a
 placeholder), and `redact_secrets` blanks any event field whose *name* says it holds a
-secret, whatever its type, recursively through dicts and lists.
+secret, whatever its type, recursively through dicts and lists. Both formats share every
+processor up to the last one, the renderer, so they redact exactly alike.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Mapping, MutableMapping
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import structlog
 
@@ -65,12 +67,74 @@ def redact_secrets(
     return event_dict
 
 
-def configure_logging(level: str = "info", stream: TextIO | None = None) -> None:
-    """JSON lines on `stream` (stderr by default): one object per event, secrets redacted.
+LogFormat = Literal["console", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("console", "json")
+# Library chatter at info is noise for operators; their warnings still come through.
+_NOISY = ("apscheduler", "aiohttp.access", "hvac", "httpx", "httpcore", "urllib3")
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def choose_format(requested: str | None, stream: TextIO) -> LogFormat:
+    """The format to write to `stream`: `requested` ("console" or "json") when given;
+    otherwise ("auto" or None) console on a terminal and JSON anywhere else (a pipe, a file,
+    the journal)."""
+    if requested in LOG_FORMATS:
+        return requested
+    if requested not in (None, "auto"):
+        raise ValueError(f"log format {requested!r}; expected one of {', '.join(LOG_FORMATS)}")
+    return "console" if _is_terminal(stream) else "json"
+
+
+class _LogHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """keyturn's root handler; remembers the format asked for (None: auto), so that a later
+    `configure_logging` without one (a new level, another stream) keeps the operator's choice."""
+
+    def __init__(self, stream: TextIO, requested: str | None) -> None:
+        super().__init__(stream)
+        self.requested = requested
+
+
+def _requested_format() -> str | None:
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _LogHandler):
+            return handler.requested
+    return None
+
+
+def _renderer(chosen: LogFormat, stream: TextIO) -> Any:
+    if chosen == "json":
+        return structlog.processors.JSONRenderer()
+    return structlog.dev.ConsoleRenderer(
+        # Colours only for a person at a terminal who has not asked for none (no-color.org).
+        colors=_is_terminal(stream) and not os.environ.get("NO_COLOR"),
+        # Exceptions arrive already formatted (format_exc_info runs before, as for JSON): the
+        # same text in both formats, never a traceback renderer that could show locals.
+        exception_formatter=structlog.dev.plain_traceback,
+        sort_keys=True,
+    )
+
+
+def configure_logging(
+    level: str = "info", stream: TextIO | None = None, fmt: str | None = None
+) -> LogFormat:
+    """Log events on `stream` (stderr by default), secrets redacted; returns the format used.
+
+    `fmt` is "console" (aligned, readable lines), "json" (one object per line) or "auto"
+    (console on a terminal, JSON otherwise). None keeps what was asked before in this process
+    (the CLI's `--log-format`), and is "auto" when nothing was; "auto" is decided for each
+    `stream`, so a log file gets JSON even when the terminal gets console lines.
 
     Standard-library loggers (aiohttp, apscheduler, hvac) go through the same pipeline.
     """
-    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    out = stream or sys.stderr
+    requested = fmt if fmt is not None else _requested_format()
+    chosen = choose_format(requested, out)
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
@@ -96,16 +160,21 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
             redact_secrets,
-            structlog.processors.JSONRenderer(),
+            _renderer(chosen, out),
         ],
     )
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _LogHandler(out, None if requested == "auto" else requested)
     handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(numeric)
-    # Library chatter at info is noise for operators; their warnings still come through.
-    for noisy in ("apscheduler", "aiohttp.access", "hvac", "httpx", "httpcore", "urllib3"):
+    logging.getLogger().handlers[:] = [handler]
+    set_log_level(level)
+    return chosen
+
+
+def set_log_level(level: str) -> None:
+    """Change the level of the configured pipeline (debug, info, warning, error)."""
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    logging.getLogger().setLevel(numeric)
+    for noisy in _NOISY:
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
 
 

@@ -1,4 +1,8 @@
-"""CLI commands that work on a configuration file: run, check, status, refresh."""
+"""CLI commands that work on a configuration file: run, check, status, refresh.
+
+Also what every command shares: `-c/--config`, `--log-format`, and loading the
+configuration (which sets the log level).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError
-from keyturn.logs import configure_logging
+from keyturn.logs import LOG_FORMATS, configure_logging
 
 DEFAULT_CONFIG = Path(os.environ.get("KEYTURN_CONFIG", "/etc/keyturn/keyturn.toml"))
 
@@ -24,11 +28,25 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_log_format_argument(parser: argparse.ArgumentParser, *, default: object = None) -> None:
+    """`--log-format console|json`. The top-level parser takes it with `default=None` (auto:
+    console when stderr is a terminal, JSON otherwise); each sub-command's parser takes it too,
+    with `default=argparse.SUPPRESS` so that leaving it out there keeps the top-level value."""
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=default,
+        help="how log events on stderr look (default: console when stderr is a terminal, "
+        "json otherwise)",
+    )
+
+
 def load_or_report(path: Path, *, one_shot: bool = True) -> Config | None:
     """The configuration, or None after printing one line per problem to stderr.
 
     One-shot commands (check, status, refresh) log warnings and errors only: their answer is
-    their output, not a stream of info lines.
+    their output (stdout), not a stream of info lines. The log format stays the one the CLI
+    chose (`--log-format`, see `keyturn.cli.main`).
     """
     try:
         config = load_config(path)

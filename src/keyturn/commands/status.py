@@ -1,7 +1,12 @@
-"""`keyturn status -c FILE [--json]`: one row per credential, read from Vault.
+"""`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault.
 
 Status comes from keyturn's private state and the published paths, not from a running
 process, so it shows the truth whichever instance (or none) is running.
+
+Exit codes: 0 every credential shown is `ok`; 3 (`EXIT_NOT_OK`) some credential is not
+(`pending`, `failing`, `expired`); 1 the status could not be read (the configuration, Vault, a
+credential's record, or a NAME the configuration does not have). 2 stays argparse's: a usage
+error.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,16 +26,28 @@ from keyturn.errors import KeyturnError
 from keyturn.layout import CredentialState, state_path
 from keyturn.vault.store import KvStore
 
+EXIT_OK = 0
+EXIT_ERROR = 1  # the configuration, Vault, a record or a NAME: status could not be read
+EXIT_NOT_OK = 3  # read fine, and some credential is not `ok` (2 is argparse's usage error)
+
+# The phase of a row whose record could not be read.
+UNKNOWN = "unknown"
+
+# Fields of StatusRow that are times (epoch seconds in the row, RFC 3339 in JSON).
+_TIME_FIELDS = ("expires_at", "next_refresh", "last_success", "rotates_at")
+
 
 @dataclass(frozen=True, slots=True)
 class StatusRow:
+    """One credential's status. Times are epoch seconds; `as_json` renders them RFC 3339."""
+
     credential: str
     kind: str
     provider: str
     phase: str
-    expires_at: str | None
-    next_refresh: str | None
-    last_success: str | None
+    expires_at: float | None  # api_key: when the key is due for rotation (`rotate_after`)
+    next_refresh: float | None
+    last_success: float | None
     last_error: str | None
     consecutive_failures: int
     refreshing: bool
@@ -37,26 +55,52 @@ class StatusRow:
     published_version: int | None
     key_id: str | None
     rotation_phase: str | None
-    rotates_at: str | None
+    rotates_at: float | None
     rotation_error: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        values = asdict(self)
+        for name in _TIME_FIELDS:
+            if values[name] is not None:
+                values[name] = rfc3339(values[name])
+        return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per credential")
+    parser.add_argument(
+        "names", nargs="*", metavar="NAME", help="only these credentials (default: all)"
+    )
+
+
+def select(config: Config, names: Sequence[str]) -> tuple[list[CredentialConfig], list[str]]:
+    """(the credentials named, in the order given and each once; the names `config` lacks).
+    Without names, every credential."""
+    if not names:
+        return list(config.credentials), []
+    known = {credential.name: credential for credential in config.credentials}
+    wanted = list(dict.fromkeys(names))
+    return [known[n] for n in wanted if n in known], [n for n in wanted if n not in known]
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
-        return 1
+        return EXIT_ERROR
+    credentials, unknown = select(config, args.names)
+    if unknown:
+        missing = ", ".join(repr(name) for name in unknown)
+        print(f"keyturn status: no credential named {missing} in {config.source}", file=sys.stderr)
+        return EXIT_ERROR
     from keyturn.vault.open import open_vault_store  # noqa: PLC0415 - only when needed
 
+    clock = SystemClock()
+
     async def collect() -> list[StatusRow]:
-        clock = SystemClock()
         store = await open_vault_store(config, clock=clock)
         try:
-            return await status_rows(config, store, clock)
+            return await status_rows(config, store, clock, credentials)
         finally:
             await store.close()
 
@@ -64,19 +108,36 @@ def run(args: argparse.Namespace) -> int:
         rows = asyncio.run(collect())
     except KeyturnError as error:
         print(f"keyturn status: {error}", file=sys.stderr)
-        return 1
-    print(render_json(rows) if args.json else render_table(rows))
-    return 0 if all(row.phase == "ok" for row in rows) else 2
+        return EXIT_ERROR
+    print(render_json(rows) if args.json else render_table(rows, clock.time()))
+    for row in rows:
+        if row.phase == UNKNOWN:
+            print(f"keyturn status: {row.last_error}", file=sys.stderr)
+    return exit_code(rows)
 
 
-async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[StatusRow]:
+def exit_code(rows: Sequence[StatusRow]) -> int:
+    """1 if some row could not be read, else 3 if some row is not `ok`, else 0."""
+    if any(row.phase == UNKNOWN for row in rows):
+        return EXIT_ERROR
+    return EXIT_OK if all(row.phase == "ok" for row in rows) else EXIT_NOT_OK
+
+
+async def status_rows(
+    config: Config,
+    store: KvStore,
+    clock: Clock,
+    credentials: Sequence[CredentialConfig] | None = None,
+) -> list[StatusRow]:
+    """The rows of `credentials` (default: every credential of `config`), in that order."""
+
     async def one(credential: CredentialConfig) -> StatusRow:
         name = credential.name
         try:
             entry = await store.read(state_path(config.keyturn.state_prefix, name))
             state = CredentialState.from_data(entry.data, name) if entry else CredentialState()
         except KeyturnError as error:
-            state = CredentialState(phase="unknown", last_error=str(error))
+            state = CredentialState(phase=UNKNOWN, last_error=str(error))
         phase = state.phase
         # An access token expires; an API key past its rotation date still works.
         expired = state.expires_at is not None and state.expires_at <= clock.time()
@@ -96,9 +157,9 @@ async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[Stat
             kind=credential.kind,
             provider=credential.provider,
             phase=phase,
-            expires_at=_time(state.expires_at),
-            next_refresh=_time(state.next_due),
-            last_success=_time(state.last_success),
+            expires_at=state.expires_at,
+            next_refresh=state.next_due,
+            last_success=state.last_success,
             last_error=state.last_error or (state.rotation_error if rotation else None),
             consecutive_failures=state.consecutive_failures,
             refreshing=state.lease_until is not None and state.lease_until > clock.time(),
@@ -106,38 +167,92 @@ async def status_rows(config: Config, store: KvStore, clock: Clock) -> list[Stat
             published_version=state.published_version,
             key_id=state.key_id if credential.kind == "api_key" else None,
             rotation_phase=state.rotation_phase if rotation is not None else None,
-            rotates_at=_time(rotates_at),
+            rotates_at=rotates_at,
             rotation_error=state.rotation_error if rotation is not None else None,
         )
 
-    return list(await asyncio.gather(*(one(c) for c in config.credentials)))
+    chosen = config.credentials if credentials is None else credentials
+    return list(await asyncio.gather(*(one(c) for c in chosen)))
 
 
-def _time(value: float | None) -> str | None:
-    return rfc3339(value) if value is not None else None
+def render_json(rows: Sequence[StatusRow]) -> str:
+    return "\n".join(json.dumps(row.as_json()) for row in rows)
 
 
-def render_json(rows: list[StatusRow]) -> str:
-    return "\n".join(json.dumps(asdict(row)) for row in rows)
+def span(seconds: float) -> str:
+    """A duration, short and rounded down: 42s, 4m, 5h, 29d (two of a unit before the next)."""
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 2 * 3600:
+        return f"{whole // 60}m"
+    if whole < 2 * 86400:
+        return f"{whole // 3600}h"
+    return f"{whole // 86400}d"
 
 
-def render_table(rows: list[StatusRow]) -> str:
-    columns = (
-        "credential",
-        "kind",
-        "phase",
-        "expires_at",
-        "next_refresh",
-        "rotation_phase",
-        "rotates_at",
-        "owner",
-        "last_error",
-    )
-    table: list[list[str]] = [[c.upper() for c in columns]]
-    for row in rows:
-        values: dict[str, Any] = asdict(row)
-        table.append(["-" if values[c] is None else str(values[c]) for c in columns])
-    widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
+def relative(when: float, now: float) -> str:
+    """`in 4m`, `3m ago` or `now` (under a second either way)."""
+    delta = when - now
+    if abs(delta) < 1:
+        return "now"
+    return f"in {span(delta)}" if delta > 0 else f"{span(-delta)} ago"
+
+
+def when(value: float | None, now: float) -> str:
+    """A time as `in 4m (2025-06-01T10:04:05Z)`; `-` when there is none."""
+    if value is None:
+        return "-"
+    return f"{relative(value, now)} ({rfc3339(value)})"
+
+
+def expiry(row: StatusRow, now: float) -> str:
+    """An access token `expires in …`/`expired … ago`; an API key does not expire, it
+    `rotates in …` (and past that date, still working, its `rotation due … ago`)."""
+    if row.expires_at is None:
+        return "-"
+    future = row.expires_at > now
+    if row.kind == "api_key":
+        verb = "rotates" if future else "rotation due"
+    else:
+        verb = "expires" if future else "expired"
+    return f"{verb} {when(row.expires_at, now)}"
+
+
+# (header, cell) for each column of the table, in order; the last one is not padded.
+_COLUMNS: tuple[tuple[str, Callable[[StatusRow, float], str]], ...] = (
+    ("CREDENTIAL", lambda row, now: row.credential),
+    ("KIND", lambda row, now: row.kind),
+    ("PROVIDER", lambda row, now: row.provider),
+    ("PHASE", lambda row, now: row.phase),
+    ("EXPIRY", expiry),
+    ("NEXT RUN", lambda row, now: when(row.next_refresh, now)),
+    ("LAST SUCCESS", lambda row, now: when(row.last_success, now)),
+    ("FAILURES", lambda row, now: str(row.consecutive_failures)),
+    ("REFRESHING", lambda row, now: "yes" if row.refreshing else "no"),
+    ("VERSION", lambda row, now: _text(row.published_version)),
+    ("ROTATION", lambda row, now: _text(row.rotation_phase)),
+    ("ROTATES AT", lambda row, now: when(row.rotates_at, now)),
+    ("OWNER", lambda row, now: _text(row.owner)),
+    ("LAST ERROR", lambda row, now: _text(row.last_error)),
+)
+
+
+def _text(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _printable(cell: str) -> str:
+    """One line, no control or bidi characters: a provider's error text cannot reach the
+    operator's terminal as escape sequences or reorder the line."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in cell)
+
+
+def render_table(rows: Sequence[StatusRow], now: float) -> str:
+    """Aligned columns, times relative to `now` and absolute (UTC)."""
+    table = [[header for header, _ in _COLUMNS]]
+    table += [[_printable(cell(row, now)) for _, cell in _COLUMNS] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True))
         + "  "

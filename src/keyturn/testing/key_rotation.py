@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import hvac
 
+from keyturn.commands.status import EXIT_NOT_OK, EXIT_OK
 from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.dev.sandbox import SandboxProcess
 from keyturn.testing.deployment import Deployment, _table, prepare_deployment
@@ -366,7 +367,7 @@ def status_rows(
 ) -> dict[str, dict[str, Any]]:
     """`keyturn status --json`, one row per credential."""
     result = run_keyturn("status", "-c", str(config_path), "--json", env=env)
-    if result.returncode not in (0, 2):
+    if result.returncode not in (EXIT_OK, EXIT_NOT_OK):
         raise RuntimeError(f"keyturn status failed ({result.returncode}): {result.stderr}")
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     return {row["credential"]: row for row in rows}

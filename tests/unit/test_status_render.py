@@ -1,0 +1,371 @@
+"""`keyturn status`: rows from keyturn's private state (FakeVaultStore, FakeClock), the table's
+columns and relative times, the JSON fields, NAME selection and the exit code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from keyturn.clock import FakeClock, rfc3339
+from keyturn.commands.status import (
+    EXIT_ERROR,
+    EXIT_NOT_OK,
+    EXIT_OK,
+    StatusRow,
+    exit_code,
+    relative,
+    render_json,
+    render_table,
+    select,
+    span,
+    status_rows,
+)
+from keyturn.config import Config, parse_config
+from keyturn.layout import CredentialState, state_path
+from keyturn.testing.vault import FakeVaultStore
+
+DAY = 86400.0
+
+CONFIG = """\
+[vault]
+address = "https://vault.example.com"
+auth = { method = "token", token = "env:VAULT_TOKEN" }
+
+[[providers]]
+name = "acme"
+base_url = "https://acme.example.com"
+
+[[rotators]]
+name = "by-hand"
+type = "manual"
+
+[[credentials]]
+name = "reporting"
+provider = "acme"
+kind = "oauth_client"
+client_id = "vault:secret/keyturn/inputs/reporting#client_id"
+client_secret = "vault:secret/keyturn/inputs/reporting#client_secret"
+publish_to = "apps/reporting/acme"
+
+[[credentials]]
+name = "billing"
+provider = "acme"
+kind = "api_key"
+publish_to = "apps/billing/acme"
+probe = "/v1/users"
+rotation = { max_age = "30d", grace = "1d", rotator = "by-hand" }
+
+[[credentials]]
+name = "ledger"
+provider = "acme"
+kind = "oauth_client"
+client_id = "vault:secret/keyturn/inputs/ledger#client_id"
+client_secret = "vault:secret/keyturn/inputs/ledger#client_secret"
+publish_to = "apps/ledger/acme"
+"""
+
+# The fields `--json` has always had; a renamed or dropped one breaks scripts that read them.
+JSON_FIELDS = {
+    "credential",
+    "kind",
+    "provider",
+    "phase",
+    "expires_at",
+    "next_refresh",
+    "last_success",
+    "last_error",
+    "consecutive_failures",
+    "refreshing",
+    "owner",
+    "published_version",
+    "key_id",
+    "rotation_phase",
+    "rotates_at",
+    "rotation_error",
+}
+
+
+@pytest.fixture
+def config() -> Config:
+    return parse_config(CONFIG, "keyturn.toml", {"VAULT_TOKEN": "unused"})
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> FakeVaultStore:
+    return FakeVaultStore(clock=clock)
+
+
+def save(store: FakeVaultStore, config: Config, name: str, state: CredentialState) -> None:
+    data = {k: v for k, v in state.to_data().items() if isinstance(v, str)}
+    assert len(data) == len(state.to_data())  # no Secret in these records
+    store.external_write(state_path(config.keyturn.state_prefix, name), data)
+
+
+def healthy(store: FakeVaultStore, config: Config, now: float) -> None:
+    """reporting: a token valid 4 more minutes; billing: a key due for rotation in 29 days."""
+    save(
+        store,
+        config,
+        "reporting",
+        CredentialState(
+            phase="ok",
+            issued_at=now - 600,
+            expires_at=now + 240,
+            next_due=now + 90,
+            last_success=now - 180,
+            published_version=7,
+            writer="host-a",
+        ),
+    )
+    save(
+        store,
+        config,
+        "billing",
+        CredentialState(
+            phase="ok",
+            expires_at=now + 29 * DAY,
+            key_created_at=now - DAY,
+            key_id="key_42",
+            last_success=now - DAY,
+            next_due=now + 3600,
+            published_version=2,
+            writer="host-a",
+        ),
+    )
+    save(
+        store,
+        config,
+        "ledger",
+        CredentialState(phase="ok", expires_at=now + 3000, last_success=now - 600),
+    )
+
+
+async def rows_of(config: Config, store: FakeVaultStore, clock: FakeClock) -> list[StatusRow]:
+    return await status_rows(config, store, clock)
+
+
+def table_rows(text: str) -> dict[str, str]:
+    """The table's lines by credential name (the header under "CREDENTIAL")."""
+    return {line.split()[0]: line for line in text.splitlines()}
+
+
+# -- relative times -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [
+        (0, "0s"),
+        (42.9, "42s"),
+        (119, "119s"),
+        (120, "2m"),
+        (4 * 60 + 59, "4m"),
+        (2 * 3600 - 1, "119m"),
+        (2 * 3600, "2h"),
+        (2 * DAY - 1, "47h"),
+        (2 * DAY, "2d"),
+        (29 * DAY + 5, "29d"),
+    ],
+)
+def test_span_rounds_down_in_the_largest_fitting_unit(seconds: float, expected: str) -> None:
+    assert span(seconds) == expected
+
+
+def test_relative_says_in_ago_or_now() -> None:
+    assert relative(1000 + 240, 1000) == "in 4m"
+    assert relative(1000 - 180, 1000) == "3m ago"
+    assert relative(1000.4, 1000) == "now"
+    assert relative(999.6, 1000) == "now"
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+async def test_table_has_every_documented_column(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    healthy(store, config, clock.time())
+    header = render_table(await rows_of(config, store, clock), clock.time()).splitlines()[0]
+    for column in (
+        "CREDENTIAL",
+        "KIND",
+        "PROVIDER",
+        "PHASE",
+        "EXPIRY",
+        "NEXT RUN",
+        "LAST SUCCESS",
+        "FAILURES",
+        "REFRESHING",
+        "VERSION",
+        "ROTATION",
+        "ROTATES AT",
+        "OWNER",
+        "LAST ERROR",
+    ):
+        assert column in header, column
+
+
+async def test_times_are_relative_and_absolute(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    line = table_rows(render_table(await rows_of(config, store, clock), now))["reporting"]
+    assert f"expires in 4m ({rfc3339(now + 240)})" in line
+    assert f"in 90s ({rfc3339(now + 90)})" in line  # next run
+    assert f"3m ago ({rfc3339(now - 180)})" in line  # last success
+    assert " acme " in line and " oauth_client " in line
+    assert " 7 " in line  # published version
+    assert " host-a " in line
+
+
+async def test_an_api_key_rotates_it_does_not_expire(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    line = table_rows(render_table(await rows_of(config, store, clock), now))["billing"]
+    assert f"rotates in 29d ({rfc3339(now + 29 * DAY)})" in line
+    assert "expire" not in line
+    assert " idle " in line  # the rotation's phase
+
+    clock.advance(30 * DAY)  # past its rotation date: overdue, and still the working key
+    rows = await rows_of(config, store, clock)
+    line = table_rows(render_table(rows, clock.time()))["billing"]
+    assert "rotation due 24h ago" in line
+    assert "expire" not in line
+    assert {row.credential: row.phase for row in rows}["billing"] == "ok"
+
+
+async def test_an_access_token_past_its_expiry_is_expired(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    healthy(store, config, clock.time())
+    clock.advance(240 + 180)
+    rows = await rows_of(config, store, clock)
+    line = table_rows(render_table(rows, clock.time()))["reporting"]
+    assert "expired 3m ago" in line
+    assert {row.credential: row.phase for row in rows}["reporting"] == "expired"
+    assert exit_code(rows) == EXIT_NOT_OK
+
+
+async def test_a_failing_credential_shows_its_failures_lease_and_error(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    save(
+        store,
+        config,
+        "reporting",
+        CredentialState(
+            phase="failing",
+            expires_at=now + 60,
+            consecutive_failures=4,
+            last_error="reporting: HTTP 503, retry after 5s",
+            lease_owner="host-b",
+            lease_until=now + 20,
+        ),
+    )
+    line = table_rows(render_table(await rows_of(config, store, clock), now))["reporting"]
+    assert " failing " in line
+    assert " 4 " in line
+    assert " yes " in line  # refreshing: host-b holds the lease
+    assert " host-b " in line
+    assert line.endswith("reporting: HTTP 503, retry after 5s")
+
+
+async def test_control_and_bidi_characters_are_escaped(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    healthy(store, config, clock.time())
+    save(
+        store,
+        config,
+        "ledger",
+        CredentialState(phase="failing", last_error="ledger: bad\x1b[2J\u202eevil\nnext"),
+    )
+    text = render_table(await rows_of(config, store, clock), clock.time())
+    assert len(text.splitlines()) == 4  # a header and three rows, the error on its own row
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "bad\\u001b[2J\\u202eevil\\u000anext" in table_rows(text)["ledger"]
+
+
+async def test_a_credential_never_run_is_pending_with_dashes(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    rows = await rows_of(config, store, clock)
+    line = table_rows(render_table(rows, clock.time()))["reporting"]
+    assert line.split()[3] == "pending"
+    assert " no " in line  # not refreshing
+    assert [row.phase for row in rows] == ["pending"] * 3
+    assert exit_code(rows) == EXIT_NOT_OK
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+async def test_json_keeps_its_fields_with_rfc3339_times(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    lines = [
+        json.loads(line) for line in render_json(await rows_of(config, store, clock)).split("\n")
+    ]
+    assert [set(line) for line in lines] == [JSON_FIELDS] * 3
+    reporting, billing, ledger = lines
+    assert reporting["expires_at"] == rfc3339(now + 240)
+    assert reporting["last_success"] == rfc3339(now - 180)
+    assert reporting["rotates_at"] is None and reporting["rotation_phase"] is None
+    assert reporting["refreshing"] is False and reporting["published_version"] == 7
+    assert billing["rotates_at"] == rfc3339(now + 29 * DAY)  # key_created_at + max_age
+    assert billing["key_id"] == "key_42" and billing["rotation_phase"] == "idle"
+    assert ledger["next_refresh"] is None
+
+
+# -- NAME… and the exit code --------------------------------------------------------------------
+
+
+def test_names_select_in_the_order_given_once_each(config: Config) -> None:
+    chosen, unknown = select(config, ["ledger", "reporting", "ledger"])
+    assert [c.name for c in chosen] == ["ledger", "reporting"]
+    assert unknown == []
+    assert [c.name for c in select(config, [])[0]] == ["reporting", "billing", "ledger"]
+    assert select(config, ["reporting", "nope", "typo"])[1] == ["nope", "typo"]
+
+
+async def test_rows_of_the_named_credentials_only(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    healthy(store, config, clock.time())
+    chosen, _ = select(config, ["billing"])
+    rows = await status_rows(config, store, clock, chosen)
+    assert [row.credential for row in rows] == ["billing"]
+    assert exit_code(rows) == EXIT_OK
+    # Another credential failing does not change the exit code of a status that skips it.
+    save(store, config, "ledger", CredentialState(phase="failing", consecutive_failures=1))
+    assert exit_code(await status_rows(config, store, clock, chosen)) == EXIT_OK
+    assert exit_code(await rows_of(config, store, clock)) == EXIT_NOT_OK
+
+
+async def test_exit_codes(config: Config, store: FakeVaultStore, clock: FakeClock) -> None:
+    healthy(store, config, clock.time())
+    assert exit_code(await rows_of(config, store, clock)) == EXIT_OK == 0
+    save(store, config, "ledger", CredentialState(phase="failing", consecutive_failures=2))
+    assert exit_code(await rows_of(config, store, clock)) == EXIT_NOT_OK == 3
+    # A record that cannot be read: status could not be read, whatever the other rows say.
+    store.external_write(
+        state_path(config.keyturn.state_prefix, "billing"), {"phase": "ok", "expires_at": "soon"}
+    )
+    rows = await rows_of(config, store, clock)
+    billing = {row.credential: row for row in rows}["billing"]
+    assert billing.phase == "unknown"
+    assert "expires_at" in (billing.last_error or "")
+    assert exit_code(rows) == EXIT_ERROR == 1
