@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rotate a key or client secret now (safe beside the daemon)",
     ),
     "import-key": ("keyturn.commands.import_key", "hand over a key made by hand (read from stdin)"),
+    "import-refresh-token": (
+        "keyturn.commands.import_refresh_token",
+        "hand over a refresh token issued elsewhere (read from stdin) and refresh with it",
+    ),
     "sandbox": ("keyturn.sandbox.command", "run the reference service on loopback"),
     "demo": ("keyturn.demo", "run everything embedded: dev OpenBao, sandbox, the daemon"),
 }

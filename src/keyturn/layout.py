@@ -11,7 +11,11 @@ refresh token, and the last outcome for `keyturn status`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -75,6 +79,13 @@ class CredentialState:
     # A refresh token burned that way, kept only to be revoked (RFC 7009) once the replacement
     # is published: revoking a grant also kills the access token apps read until then.
     burned_refresh_token: Secret | None = None
+    # A fingerprint (salted HMAC-SHA256, never the value) of the credential's `refresh_token`
+    # input as it was when keyturn last seeded from it: the input is read again only after the
+    # provider refused the refresh token keyturn held, and used only if it has changed since.
+    refresh_token_input_fingerprint: str | None = None
+    # When the provider last refused (invalid_grant) the refresh token keyturn held; cleared
+    # once keyturn holds a refresh token again.
+    refresh_token_refused_at: float | None = None
     issued_at: float | None = None
     expires_at: float | None = None
     scope: str | None = None
@@ -155,12 +166,34 @@ _TIME_FIELDS = frozenset(
         "rotation_started",
         "previous_retire_at",
         "rotation_retry_at",
+        "refresh_token_refused_at",
     }
 )
 _SECRET_FIELDS = frozenset({"refresh_token", "burned_refresh_token", "key", "pending_key"})
 _INT_FIELDS = frozenset(
     {"published_version", "consecutive_failures", "rotation_failures", "verify_failures"}
 )
+
+
+# A fingerprint: "hmac-sha256:<16-byte salt, hex>:<HMAC-SHA256 of the value under the salt, hex>".
+_FINGERPRINT = re.compile(r"hmac-sha256:[0-9a-f]{32}:[0-9a-f]{64}")
+
+
+def fingerprint(value: Secret, salt: bytes | None = None) -> str:
+    """A salted HMAC-SHA256 of `value`: tells whether a value changed without keeping it (a
+    fresh random salt each time unless given, so equal values do not look equal across
+    records)."""
+    salt = secrets.token_bytes(16) if salt is None else salt
+    digest = hmac.new(salt, value.reveal().encode(), hashlib.sha256).hexdigest()
+    return f"hmac-sha256:{salt.hex()}:{digest}"
+
+
+def fingerprint_matches(stored: str, value: Secret) -> bool:
+    """Whether `value` is the value `stored` (a `fingerprint`) was made from."""
+    if not _FINGERPRINT.fullmatch(stored):
+        return False
+    salt = bytes.fromhex(stored.split(":")[1])
+    return hmac.compare_digest(fingerprint(value, salt), stored)
 
 
 def _bad(credential: str, field: str, what: str) -> VaultDataError:
@@ -182,4 +215,6 @@ def _parse_field(name: str, raw: str, credential: str) -> Any:
         if not raw.isdigit():
             raise _bad(credential, name, "is not a whole number")
         return int(raw)
+    if name == "refresh_token_input_fingerprint" and not _FINGERPRINT.fullmatch(raw):
+        raise _bad(credential, name, "is not a fingerprint (hmac-sha256:<salt>:<digest>)")
     return raw

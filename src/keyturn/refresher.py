@@ -2,6 +2,8 @@
 
     due? ── the stored next_due (drawn from the refresh window at the last success), or now
      │      if never refreshed, failing past its retry time, or apps read something else
+    seed a starting refresh token from the `refresh_token` input (once; again only after
+     │            the provider refused the held one and the input has changed since)
     token request (refresh_token grant if one is held, else client_credentials;
      │            invalid_grant on a refresh: report, drop it, fall back)
     store a rotated refresh token in the journal (CAS) ── before anything is published
@@ -13,13 +15,15 @@
     record success and the next due time
 
 The job (`keyturn.job`) holds the lease around this, so a refresh token is used at most once,
-by one instance (promise 2).
+by one instance (promise 2). `keyturn import-refresh-token` hands a refresh token over through
+`TokenRefresh.accept_refresh_token` under the same lease, then runs this task with it.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,12 +35,20 @@ from keyturn.errors import (
     OAuthError,
     ProviderUnavailable,
     RateLimited,
+    SecretReferenceError,
     VaultCasConflict,
+    VaultError,
     VerificationFailed,
 )
 from keyturn.events import Observer
 from keyturn.job import CredentialJob, Journal, LeaseHeld, Outcome, Task
-from keyturn.layout import CredentialState, oauth_published_fields, published_metadata
+from keyturn.layout import (
+    CredentialState,
+    fingerprint,
+    fingerprint_matches,
+    oauth_published_fields,
+    published_metadata,
+)
 from keyturn.logs import get_logger
 from keyturn.policy import BackoffPolicy, RefreshPolicy, refresh_due, retry_delay
 from keyturn.providers.client import GrantType, ProviderClient
@@ -44,12 +56,37 @@ from keyturn.providers.tokens import TokenResponse, error_label
 from keyturn.secret import Secret
 from keyturn.vault.store import KvStore
 
-__all__ = ["LeaseHeld", "OAuthRefresher", "OAuthTarget", "Outcome", "TokenRefresh"]
+__all__ = [
+    "LeaseHeld",
+    "OAuthRefresher",
+    "OAuthTarget",
+    "Outcome",
+    "RefreshTokenRefused",
+    "TokenRefresh",
+]
 
 KIND = "oauth_client"
 
 # Resolves (client_id, client_secret) for a credential; `fresh=True` bypasses any cache.
 InputSource = Callable[[str, bool], Awaitable[tuple[str, Secret]]]
+# Resolves a credential's `refresh_token` input afresh (never cached: it is read rarely).
+RefreshTokenInput = Callable[[], Awaitable[Secret]]
+
+# RFC 6749 Appendix A: a refresh token is 1*VSCHAR.
+_VSCHAR = re.compile(r"[\x20-\x7e]+")
+
+# Answers to an imported refresh token that mean it cannot be used: it is not kept.
+IMPORT_REFUSALS = frozenset({"invalid_grant", "unauthorized_client"})
+
+
+def valid_refresh_token(value: Secret) -> bool:
+    """Whether `value` can be a refresh token (RFC 6749 VSCHAR: %x20-7E, not only spaces)."""
+    return bool(_VSCHAR.fullmatch(value.reveal())) and bool(value.reveal().strip())
+
+
+class RefreshTokenRefused(KeyturnError):
+    """The provider refused a refresh token handed over by `keyturn import-refresh-token`; the
+    record was put back as it was before the import (the refused token is not kept)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +104,16 @@ class OAuthTarget:
 
 
 log = get_logger("keyturn.refresher")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingImport:
+    """A refresh token handed over by `keyturn import-refresh-token`, for one run: `restore` is
+    the record's refresh-token fields as they were, put back if the provider refuses it;
+    `also_revoke` a replaced refresh token that had no room in `burned_refresh_token`."""
+
+    restore: CredentialState
+    also_revoke: Secret | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +208,14 @@ class TokenRefresh:
         clock: Clock,
         rng: random.Random,
         instance_id: str,
+        refresh_token_input: RefreshTokenInput | None = None,
     ) -> None:
         self.target = target
         self._client = client
         self._store = store
         self._inputs = inputs
+        self._refresh_token_input = refresh_token_input
+        self._import: PendingImport | None = None
         self._observer = observer
         self._clock = clock
         self._rng = rng
@@ -188,7 +238,39 @@ class TokenRefresh:
             self._confirmed_version = state.published_version
         return state.next_due
 
+    def accept_refresh_token(self, journal: Journal, token: Secret) -> None:
+        """`keyturn import-refresh-token`: under the lease, put `token` in the record (the job
+        stores it before the run goes on); the forced run that follows refreshes with it. A
+        refresh token held until now is revoked (RFC 7009) once a token of the new grant is
+        published; if the provider refuses `token`, the record is put back as it was."""
+        state = journal.state
+        if state.refresh_in_flight is not None:  # the held token's answer was lost: burned
+            state = state.with_(
+                refresh_token=None,
+                refresh_in_flight=None,
+                burned_refresh_token=state.refresh_token or state.burned_refresh_token,
+            )
+        previous = state.refresh_token if state.refresh_token != token else None
+        burned, also_revoke = state.burned_refresh_token, None
+        if previous is not None:
+            if burned is None:
+                burned = previous
+            else:
+                also_revoke = previous
+        self._import = PendingImport(restore=state, also_revoke=also_revoke)
+        journal.stage(
+            state.with_(
+                refresh_token=token, burned_refresh_token=burned, refresh_token_refused_at=None
+            )
+        )
+
     async def step(self, journal: Journal) -> str:
+        try:
+            return await self._step(journal)
+        finally:
+            self._import = None  # an import is for one run
+
+    async def _step(self, journal: Journal) -> str:
         state = journal.state
         now = self._clock.time()
         token: TokenResponse | None = None
@@ -229,6 +311,8 @@ class TokenRefresh:
         if state.burned_refresh_token is not None:  # apps now read a token of another grant
             await self._revoke(state.burned_refresh_token)
             state = state.with_(burned_refresh_token=None)
+        if self._import is not None and self._import.also_revoke is not None:
+            await self._revoke(self._import.also_revoke)
         journal.stage(
             state.with_(
                 issued_at=issued_at,
@@ -255,9 +339,15 @@ class TokenRefresh:
         published. If Vault fails here the answer is kept in memory and stored first next run
         (the in-flight mark stays in the record, so a restart treats the old token as used)."""
         refresh_token = answer.token.refresh_token or state.refresh_token
+        # Holding a refresh token again ends a refusal (see _seed_from_input).
+        refused = state.refresh_token_refused_at if refresh_token is None else None
         try:
             return await journal.save(
-                state.with_(refresh_token=refresh_token, refresh_in_flight=None)
+                state.with_(
+                    refresh_token=refresh_token,
+                    refresh_in_flight=None,
+                    refresh_token_refused_at=refused,
+                )
             )
         except KeyturnError:
             self._unsaved = answer
@@ -326,6 +416,10 @@ class TokenRefresh:
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float
     ) -> tuple[CredentialState, int]:
+        if isinstance(error, RefreshTokenRefused):
+            # An operator's import was refused; the record is as before it, and so is the
+            # credential's own standing (its schedule, its failure count).
+            return state, state.consecutive_failures
         failures = state.consecutive_failures + 1
         remaining = state.expires_at - now if state.expires_at is not None else None
         delay = retry_delay(
@@ -350,7 +444,11 @@ class TokenRefresh:
         client_id, input_secret = await self._inputs(self.target.name, False)
         # After a client-secret rotation the current secret lives in the journal, not the input.
         client_secret = state.key if state.key is not None else input_secret
-        if state.refresh_token is not None:
+        state = await self._seed_from_input(journal, state)
+        # The refresh token held, then at most one new one from a changed input after a refusal.
+        for attempt_number in range(2):
+            if state.refresh_token is None:
+                break
             # The intent is stored before the token leaves: if the answer is lost, the next
             # run knows the token may be used up.
             attempt = uuid.uuid4().hex[:16]
@@ -371,6 +469,8 @@ class TokenRefresh:
                 await self._burn(journal, state, "the answer to the refresh was malformed")
                 raise
             except OAuthError as error:
+                if self._import is not None and error.error in IMPORT_REFUSALS:
+                    raise await self._refuse_import(journal, state, error, self._import) from error
                 if error.error != "invalid_grant":
                     journal.stage(state.with_(refresh_in_flight=None))
                     raise
@@ -384,12 +484,94 @@ class TokenRefresh:
                     "invalid_grant on a refresh token only keyturn should hold; "
                     "falling back to client_credentials",
                 )
-                state = journal.stage(state.with_(refresh_token=None, refresh_in_flight=None))
+                state = journal.stage(
+                    state.with_(
+                        refresh_token=None,
+                        refresh_in_flight=None,
+                        refresh_token_refused_at=self._clock.time(),
+                    )
+                )
+                if attempt_number == 0:
+                    state = await self._seed_from_input(journal, state)
             except KeyturnError:  # rate limited, or refused before the grant: not used
                 journal.stage(state.with_(refresh_in_flight=None))
                 raise
         token = await self._grant("client_credentials", client_id, client_secret, None, state)
         return token, state
+
+    async def _seed_from_input(self, journal: Journal, state: CredentialState) -> CredentialState:
+        """Take the `refresh_token` input into the record when keyturn holds no refresh token
+        and either never seeded from it, or the provider refused the one it held and the input
+        has changed since it was seeded (compared by fingerprint; the value is never kept
+        outside the refresh_token field). Otherwise the input is not read: keyturn owns the
+        refresh token, rotating it as the provider returns new ones.
+
+        A first seed that cannot be read fails the run (backoff; the other credentials are not
+        affected). After a refusal, an unreadable or unchanged input means client_credentials.
+        The seeded token is staged here and stored with the in-flight mark, before it is sent.
+        """
+        if self._refresh_token_input is None or state.refresh_token is not None:
+            return state
+        refused = state.refresh_token_refused_at is not None
+        seeded = state.refresh_token_input_fingerprint
+        if seeded is not None and not refused:
+            return state
+        try:
+            value = await self._refresh_token_input()
+            if not valid_refresh_token(value):
+                raise SecretReferenceError(
+                    "the value contains a character outside %x20-7E (RFC 6749 VSCHAR)"
+                )
+        except KeyturnError as error:
+            named = input_error(error, self.target.name, "refresh_token")
+            if not refused:
+                raise named from error
+            log.warning(
+                "refresh_token.input_unreadable", credential=self.target.name, error=named.message
+            )
+            return state
+        if seeded is not None and fingerprint_matches(seeded, value):
+            log.info("refresh_token.input_unchanged", credential=self.target.name)
+            return state
+        log.info("refresh_token.seeded", credential=self.target.name, after_refusal=refused)
+        return journal.stage(
+            state.with_(
+                refresh_token=value,
+                refresh_token_input_fingerprint=fingerprint(value),
+                refresh_token_refused_at=None,
+            )
+        )
+
+    async def _refuse_import(
+        self, journal: Journal, state: CredentialState, error: OAuthError, pending: PendingImport
+    ) -> KeyturnError:
+        """The imported refresh token was refused: put the record's refresh-token fields back as
+        they were before the import (durably, before the operator is told), keep nothing of it.
+        """
+        before = pending.restore
+        restored = state.with_(
+            refresh_token=before.refresh_token,
+            burned_refresh_token=before.burned_refresh_token,
+            refresh_token_refused_at=before.refresh_token_refused_at,
+            refresh_in_flight=None,
+        )
+        refusal = f"the provider refused the imported refresh token ({error.message})"
+        try:
+            await journal.save(restored)
+        except KeyturnError as failure:
+            # The record still holds it, marked in flight: the next run never presents it.
+            return input_error(
+                KeyturnError(
+                    f"{refusal}, and the record could not be put back ({failure.message}); "
+                    "it is marked as used and never sent again"
+                ),
+                self.target.name,
+                "refresh_token",
+                like=failure,
+            )
+        return RefreshTokenRefused(
+            f"refresh_token: {refusal}; it was not kept", credential=self.target.name
+        )
 
     async def _grant(
         self,
@@ -498,6 +680,19 @@ async def publish_with_cas(
         return await store.write(path, data, cas=seen, custom_metadata=metadata)
 
 
+def input_error(
+    error: KeyturnError, credential: str, field: str, *, like: KeyturnError | None = None
+) -> KeyturnError:
+    """`error` (e.g. from resolving an input) with the credential and the field named. A Vault
+    error (`error`, or `like` when given) keeps its type, so a Vault outage is still retried as
+    one when Vault is back."""
+    message = f"{field}: {error.message}"
+    kind = like if like is not None else error
+    if isinstance(kind, VaultError):
+        return type(kind)(message, credential=credential)
+    return SecretReferenceError(message, credential=credential)
+
+
 def OAuthRefresher(  # reads as a class at call sites; builds the job
     target: OAuthTarget,
     *,
@@ -511,9 +706,11 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
     state_prefix: str,
     lease_seconds: float = 30.0,
     extra_tasks: tuple[Task, ...] = (),
+    refresh_token_input: RefreshTokenInput | None = None,
 ) -> CredentialJob:
     """A job for an OAuth credential: the token refresh, then optional tasks (client-secret
-    rotation)."""
+    rotation). `refresh_token_input` resolves the credential's `refresh_token` input (a
+    starting refresh token), if it has one."""
     refresh = TokenRefresh(
         target,
         client=client,
@@ -523,6 +720,7 @@ def OAuthRefresher(  # reads as a class at call sites; builds the job
         clock=clock,
         rng=rng,
         instance_id=instance_id,
+        refresh_token_input=refresh_token_input,
     )
     return CredentialJob(
         target.name,

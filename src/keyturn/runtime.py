@@ -91,6 +91,14 @@ class CredentialInputs:
     async def client_id(self, name: str) -> str:
         return (await self(name, False))[0]
 
+    async def refresh_token(self, name: str) -> Secret:
+        """The credential's `refresh_token` input (a starting refresh token), read afresh: it is
+        read once to seed the state, and again only after the provider refused the held one."""
+        ref = self._config.credential(name).refresh_token
+        if ref is None:
+            raise SecretReferenceError(f"{name}: no refresh_token input is configured")
+        return await self._resolver.resolve(ref)
+
     async def initial_key(self, name: str) -> tuple[Secret, str | None] | None:
         credential = self._config.credential(name)
         if credential.initial_key is None:
@@ -223,6 +231,11 @@ async def _build(jobs: JobSet, context: Context) -> None:
             state_prefix=config.keyturn.state_prefix,
             lease_seconds=lease,
             extra_tasks=extra,
+            refresh_token_input=(
+                functools.partial(inputs.refresh_token, name)
+                if credential.refresh_token is not None
+                else None
+            ),
         )
 
 

@@ -90,6 +90,9 @@ _KIND = choice(KINDS)
 _CLIENT_SECRET = secret_reference(
     'client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'
 )
+_REFRESH_TOKEN = secret_reference(
+    'refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'
+)
 _INITIAL_KEY = secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"')
 _INITIAL_KEY_ID = text('the provider\'s id of initial_key, e.g. "key_0123"')
 _NOT_FOR_API_KEY = (
@@ -374,14 +377,16 @@ def _credential(
     client_secret: SecretRef | None = None
     scope: str | None = None
     refresh: RefreshPolicy | None = None
+    refresh_token: SecretRef | None = None
     if kind == "api_key":
-        for key in ("client_id", "client_secret", "scope", "refresh"):
+        for key in ("client_id", "client_secret", "scope", "refresh", "refresh_token"):
             t.forbid(key, _NOT_FOR_API_KEY)
     else:
         need = t.require if kind == "oauth_client" else t.optional
         client_id = need("client_id", REFERENCE_OR_INLINE)
         client_secret = need("client_secret", _CLIENT_SECRET)
         scope = t.optional("scope", text('space-separated scopes, e.g. "read write"'))
+        refresh_token = t.optional("refresh_token", _REFRESH_TOKEN)
     publish_to = t.require("publish_to", _KV_PATH)
     if publish_to is not None:
         overlap = state_prefix_overlap(publish_to, state_prefix)
@@ -427,6 +432,7 @@ def _credential(
         rotation=rotation,
         initial_key=initial_key,
         initial_key_id=initial_key_id,
+        refresh_token=refresh_token,
     )
 
 

@@ -260,7 +260,9 @@ class CredentialConfig:
     """`[[credentials]]`: one credential keyturn keeps fresh.
 
     kind "oauth_client": client_id (a reference or an inline value, `SecretRef.inline`) and
-    client_secret (a reference) are set; `rotation`, if set, rotates the client secret.
+    client_secret (a reference) are set; `rotation`, if set, rotates the client secret;
+    `refresh_token` (a reference), if set, is a refresh token the provider issued earlier
+    (e.g. through a consent flow) that seeds keyturn's private state once.
     kind "api_key": client_id and client_secret are None; `probe` and `rotation` are set;
     `initial_key` (a reference) and `initial_key_id` adopt an existing key at first start.
     publish_to: the KV path (relative to the mount) apps read.
@@ -280,6 +282,7 @@ class CredentialConfig:
     rotation: RotationPolicy | None = None
     initial_key: SecretRef | None = None
     initial_key_id: str | None = None
+    refresh_token: SecretRef | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,114 @@
+"""`keyturn import-refresh-token -c FILE NAME`: hand over a refresh token issued elsewhere.
+
+The spec's `refresh_token` grant needs a refresh token the provider issued earlier, e.g. to a
+person who went through its consent (authorization-code) flow. This command reads that token
+from standard input (one line; never from argv), stores it in the credential's private record
+under the same lease the daemon uses (so it is safe beside a running daemon), and refreshes
+with it at once, so the operator learns now whether it works:
+
+- the provider accepts it: the new access token is published, keyturn holds the rotated refresh
+  token from then on, and a refresh token it held before is revoked (RFC 7009, where the
+  provider offers it); exit 0 and one line on stdout;
+- the provider refuses it (`invalid_grant`, `unauthorized_client`): the record is put back as
+  it was, the refused token is not kept; exit 1 and one line on stderr;
+- anything else (the provider is down, the probe rejects the new token): exit 1 with the error
+  and what keyturn holds now.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+
+from keyturn.clock import rfc3339
+from keyturn.commands import load_or_report
+from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
+from keyturn.errors import KeyturnError
+from keyturn.job import Journal, Outcome
+from keyturn.refresher import RefreshTokenRefused, TokenRefresh, valid_refresh_token
+from keyturn.runtime import Runtime
+from keyturn.secret import Secret
+
+COMMAND = "import-refresh-token"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_credential_arguments(
+        parser, "the oauth_client credential whose refresh token is on standard input"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_or_report(args.config)
+    if config is None or not credential_or_report(config, args.name, COMMAND):
+        return 1
+    if config.credential(args.name).kind != "oauth_client":
+        print(
+            f"keyturn {COMMAND}: {args.name} is an API key, which has no refresh token",
+            file=sys.stderr,
+        )
+        return 1
+    token = read_key()
+    if token is None or not valid_refresh_token(token):
+        print(
+            f"keyturn {COMMAND}: expected the refresh token as one line on standard input "
+            f"(printable ASCII, at most {MAX_KEY_BYTES} bytes)",
+            file=sys.stderr,
+        )
+        return 1
+    accepted: list[bool] = []
+
+    def prepare(runtime: Runtime) -> Callable[[Journal], None] | None:
+        task = runtime.jobs[args.name].task("refresh")
+        if not isinstance(task, TokenRefresh):
+            return None
+
+        def hand_over(journal: Journal) -> None:
+            task.accept_refresh_token(journal, token)
+            accepted.append(True)
+
+        return hand_over
+
+    try:
+        outcome = asyncio.run(
+            run_once(config, args.name, force={"refresh"}, wait=args.wait, prepare=prepare)
+        )
+    except KeyturnError as error:
+        print(f"keyturn {COMMAND}: {error}; nothing was imported", file=sys.stderr)
+        return 1
+    return report(args.name, outcome, token, imported=bool(accepted))
+
+
+def report(name: str, outcome: Outcome, token: Secret, *, imported: bool) -> int:
+    """One line: on stdout when the imported token worked, else on stderr with what keyturn
+    holds now. Never the token."""
+    state = outcome.state
+    if imported and outcome.action == "refreshed" and state.expires_at is not None:
+        print(
+            f"{name}: refresh token imported; refreshed with it; "
+            f"expires {rfc3339(state.expires_at)}"
+        )
+        return 0
+    error = outcome.error or outcome.action
+    if not imported:
+        after = "nothing was imported"
+    elif isinstance(outcome.error, RefreshTokenRefused):
+        after = ""  # its message says the token was not kept
+    elif state.refresh_token == token and state.refresh_in_flight is not None:
+        after = "the imported refresh token is marked as used: keyturn never sends it again"
+    elif state.refresh_token == token:
+        after = "the imported refresh token is stored; keyturn tries it again at the next run"
+    elif state.burned_refresh_token == token:
+        after = (
+            "the answer to the refresh was lost, so the imported token may be used up: keyturn "
+            "never sends it again; import a new one"
+        )
+    elif state.refresh_token is not None:
+        after = "the provider accepted it; keyturn holds the refresh token it was rotated to"
+    else:
+        after = "keyturn holds no refresh token"
+    print(f"keyturn {COMMAND}: {error}" + (f"; {after}" if after else ""), file=sys.stderr)
+    return 1
