@@ -149,7 +149,7 @@ def main() -> int:
     if not token:
         print("init: BAO_TOKEN (OpenBao's root token) is not set", file=sys.stderr)
         return 1
-    sandbox_url = os.environ.get("SANDBOX_URL", "http://127.0.0.1:8400")
+    sandbox_url = os.environ.get("SANDBOX_URL", "http://127.0.0.1:8787")
     bootstrap_path = Path(os.environ.get("SANDBOX_BOOTSTRAP", "/run/sandbox/bootstrap.json"))
     policy_dir = Path(os.environ.get("POLICY_DIR", "/opt/keyturn-compose/vault"))
     login_dir = Path(os.environ.get("LOGIN_DIR", "/var/lib/keyturn"))

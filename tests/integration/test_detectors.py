@@ -36,7 +36,7 @@ from keyturn.testing.receiver import AlertReceiver
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 
-RUNBOOK = "https://github.com/keyturn/keyturn/blob/main/docs/runbook.md#"
+RUNBOOK = "docs/runbook.md#"  # DEFAULT_RUNBOOK_BASE: no hook in these tests sets runbook_base
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------

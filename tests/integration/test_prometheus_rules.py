@@ -31,7 +31,7 @@ EXAMPLE_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "keyturn.json"
 RUNBOOK = ROOT / "docs" / "runbook.md"
 METRICS_DOC = ROOT / "docs" / "metrics.md"
-RUNBOOK_URL = "https://github.com/keyturn/keyturn/blob/main/docs/runbook.md#"
+RUNBOOK_URL = "docs/runbook.md#"  # the runbook's place in the source tree, as hooks name it
 SEVERITIES = {"critical", "warning", "{{ $labels.severity }}"}
 INSTALL_HINT = "install Debian's `prometheus` package: bash scripts/system-deps.sh"
 

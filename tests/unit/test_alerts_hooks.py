@@ -97,11 +97,36 @@ async def test_slack_has_text_severity_colour_and_runbook_link() -> None:
     assert {"type": "mrkdwn", "text": "*Severity*\ncritical"} in fields["fields"]
     assert {"type": "mrkdwn", "text": "*Detector*\n`refresh_token_rejected`"} in fields["fields"]
     link = context["elements"][0]["text"]
-    assert f"<{alert().runbook_url}|Runbook>" in link
+    # The default runbook reference is a path in keyturn's source: shown, not linked.
+    assert alert().runbook_url == "docs/runbook.md#keyturnrefreshtokenrejected"
+    assert "Runbook `docs/runbook.md#keyturnrefreshtokenrejected`" in link
+    assert "<docs/runbook.md" not in link
     assert alert().fingerprint in link
     assert resolved["text"].startswith(":white_check_mark: [RESOLVED] KeyturnRefreshTokenRejected")
     assert resolved["attachments"][0]["color"] == "#2EB67D"
     await hook.aclose()
+
+
+async def test_slack_and_pagerduty_link_a_runbook_base_url() -> None:
+    """With a hook's runbook_base (the URL of the team's copy), the runbook is a link."""
+    wiki = alert().with_runbook_base("https://wiki.example.com/keyturn/runbook")
+    assert (
+        wiki.runbook_url == "https://wiki.example.com/keyturn/runbook#keyturnrefreshtokenrejected"
+    )
+    transport = RecordingTransport(httpx.Response(202, json={"status": "success"}))
+    slack = SlackHook("chat", Secret(SECRET_URL), POLICY, clock=FakeClock(T0), transport=transport)
+    pager = PagerDutyHook(
+        "oncall", Secret(ROUTING_KEY), POLICY, clock=FakeClock(T0), transport=transport
+    )
+    await slack.deliver(wiki)
+    await pager.deliver(wiki)
+    slack_body, pager_body = transport.bodies
+    context = slack_body["attachments"][0]["blocks"][2]["elements"][0]["text"]
+    assert context.startswith(f"<{wiki.runbook_url}|Runbook> · ")
+    assert pager_body["links"] == [{"href": wiki.runbook_url, "text": "Runbook"}]
+    assert pager_body["payload"]["custom_details"]["runbook"] == wiki.runbook_url
+    await slack.aclose()
+    await pager.aclose()
 
 
 async def test_pagerduty_triggers_and_resolves_by_dedup_key() -> None:
@@ -131,7 +156,7 @@ async def test_pagerduty_triggers_and_resolves_by_dedup_key() -> None:
                 "alertname": "KeyturnRefreshTokenRejected",
             },
         },
-        "links": [{"href": alert().runbook_url, "text": "Runbook"}],
+        # No `links`: the default runbook reference (docs/runbook.md#…) is not a URL.
     }
     assert resolve.body == {
         "routing_key": ROUTING_KEY,

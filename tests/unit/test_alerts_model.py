@@ -3,6 +3,8 @@ secret out of it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from keyturn.alerts.model import (
@@ -12,6 +14,7 @@ from keyturn.alerts.model import (
     alert_name,
     clip,
     fingerprint,
+    is_web_link,
     runbook_url,
     scrub_text,
 )
@@ -44,6 +47,17 @@ def test_names_and_runbook_anchors_follow_the_detector() -> None:
     alert = Alert.make("grant_drift", "warning", "scope", credential="a", starts_at=T0)
     assert alert.name == "KeyturnGrantDrift"
     assert alert.runbook_url == DEFAULT_RUNBOOK_BASE + "#keyturngrantdrift"
+
+
+def test_the_default_runbook_is_the_file_in_keyturns_source_not_a_made_up_url() -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert DEFAULT_RUNBOOK_BASE == "docs/runbook.md"
+    assert (root / DEFAULT_RUNBOOK_BASE).is_file()
+    assert not is_web_link(runbook_url(DEFAULT_RUNBOOK_BASE, "KeyturnGrantDrift"))
+    assert is_web_link("https://wiki.example.com/keyturn/runbook#keyturngrantdrift")
+    assert is_web_link("http://127.0.0.1:8080/runbook.md")
+    assert not is_web_link("https:runbook.md")
+    assert not is_web_link("file:///srv/runbook.md")
 
 
 def test_the_fingerprint_is_stable_and_names_the_condition_not_the_text() -> None:

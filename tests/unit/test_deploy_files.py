@@ -569,9 +569,14 @@ def test_keyturns_policy_grants_what_check_requires_and_nothing_more() -> None:
             match = granted(rules, path)
             assert needed <= match, (config.source, path)
             used.update(p for p in rules if rules[p] is match)
-    assert used | {"auth/token/lookup-self", "auth/token/renew-self", "sys/capabilities-self"} == (
-        set(rules)
-    )  # no rule that no configuration uses
+    assert rules["sys/internal/ui/mounts/secret"] == {"read"}  # the KV v2 mount check
+    own = {
+        "auth/token/lookup-self",
+        "auth/token/renew-self",
+        "sys/capabilities-self",
+        "sys/internal/ui/mounts/secret",
+    }
+    assert used | own == set(rules)  # no rule that no configuration uses
     # Never a rule that reaches keyturn's private state's metadata (delete-all lives there).
     assert not granted(rules, "secret/metadata/keyturn/state/x")
 

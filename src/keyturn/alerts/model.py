@@ -19,6 +19,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from typing import Literal
+from urllib.parse import urlsplit
 
 from keyturn.clock import rfc3339
 from keyturn.logs import SENSITIVE_KEYS
@@ -30,7 +31,10 @@ Status = Literal["firing", "resolved"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 MAX_FIELD = 1000
-DEFAULT_RUNBOOK_BASE = "https://github.com/keyturn/keyturn/blob/main/docs/runbook.md"
+# Where alerts point when a hook has no `runbook_base`: the runbook's path in keyturn's own
+# source tree, not a web address (keyturn has none to promise). A hook's `runbook_base` names
+# the URL of the team's own copy, and then alerts carry a link people can click.
+DEFAULT_RUNBOOK_BASE = "docs/runbook.md"
 
 # Every detector an alert can be about (docs/metrics.md and docs/alerts.md). The
 # configuration's `detectors` filter accepts only these names, so a typo cannot silently
@@ -144,8 +148,15 @@ def alert_name(detector: str) -> str:
 
 def runbook_url(base: str, name: str) -> str:
     """The runbook section of alert `name`: `<base>#<name in lower case>`, the anchor GitHub
-    gives a `## KeyturnRefreshTokenRejected` heading."""
+    (and most Markdown renderers) give a `## KeyturnRefreshTokenRejected` heading."""
     return f"{base.rstrip('#')}#{name.lower()}"
+
+
+def is_web_link(url: str) -> bool:
+    """Whether `url` is an absolute http(s) URL a receiver can render as a link (the default
+    runbook reference, `docs/runbook.md#…`, is a path in keyturn's source, not one)."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def fingerprint(detector: str, credential: str, provider: str, hook: str = "") -> str:

@@ -61,6 +61,9 @@ class Settings:
     client_secret_overlap: int = 86400
     max_body_bytes: int = 16384
     access_log: bool = True
+    # Behaviours of some real providers (django-oauth-toolkit, for one), off by default.
+    revoke_previous_access_token_on_refresh: bool = False
+    invalid_token_status: int = 401
     rate_limits: Mapping[str, RateLimit] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_json(self) -> dict[str, Any]:
@@ -109,6 +112,13 @@ def check_scope(problems: Problems, key: str, value: Any) -> str | None:
     return value
 
 
+def _invalid_token_status(problems: Problems, key: str, value: Any) -> int | None:
+    if isinstance(value, bool) or value not in (401, 403):
+        problems.add(key, "401 or 403", value)
+        return None
+    return int(value)
+
+
 def _token_type(problems: Problems, key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", value):
         problems.add(key, "a token type word such as 'Bearer'", value)
@@ -130,6 +140,8 @@ _CHECKS: Mapping[str, _Checker] = MappingProxyType(
         "client_secret_overlap": lambda p, k, v: check_int(p, k, v, 0, _YEAR),
         "max_body_bytes": lambda p, k, v: check_int(p, k, v, 256, 10 * 1024 * 1024),
         "access_log": check_bool,
+        "revoke_previous_access_token_on_refresh": check_bool,
+        "invalid_token_status": _invalid_token_status,
     }
 )
 _NULLABLE = frozenset({"scope_override"})

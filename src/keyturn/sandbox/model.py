@@ -176,6 +176,9 @@ class TokenFamily:
     client_id: str
     revoked_at: float | None = None
     revoke_reason: str | None = None
+    # The access token issued last in this family: the one a refresh revokes when the
+    # setting `revoke_previous_access_token_on_refresh` is on.
+    latest_access: IssuedToken | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
@@ -190,6 +193,7 @@ class IssuedToken:
     expires_at: float
     revoked_at: float | None = None
     used_at: float | None = None  # refresh tokens: when it was exchanged (once only)
+    reason: str | None = None  # why this one token was revoked (None: "access token revoked")
 
     def status(self, now: float) -> Literal["active", "used", "revoked", "expired"]:
         if self.revoked_at is not None or self.family.revoked_at is not None:
@@ -216,10 +220,13 @@ class IssuedToken:
     @property
     def revoke_reason(self) -> str | None:
         """Why the token is revoked: its family's reason ("refresh token reuse", "refresh
-        token revoked", "revoked by admin") or "access token revoked"; None if it is not."""
+        token revoked", "revoked by admin"), "access token revoked" or "replaced at refresh";
+        None if it is not."""
         if self.family.revoked_at is not None:
             return self.family.revoke_reason
-        return "access token revoked" if self.revoked_at is not None else None
+        if self.revoked_at is None:
+            return None
+        return self.reason or "access token revoked"
 
 
 @dataclass(frozen=True, slots=True)

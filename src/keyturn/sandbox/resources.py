@@ -1,8 +1,10 @@
 """`GET /v1/users` and `GET /v1/projects`: small fixed lists behind Bearer authentication.
 
 Either credential works on either path, as the spec says. A missing, malformed, unknown,
-expired or revoked credential gets 401 with an RFC 6750 `WWW-Authenticate` challenge; an access
-token without the path's scope (`users:read`, `projects:read`) gets 403 `insufficient_scope`.
+expired or revoked credential gets 401 with an RFC 6750 `WWW-Authenticate` challenge (an
+unknown, expired or revoked one gets 403 instead with the setting `invalid_token_status = 403`,
+as some providers answer); an access token without the path's scope (`users:read`,
+`projects:read`) gets 403 `insufficient_scope`.
 API keys carry every scope unless created with a narrower one.
 """
 

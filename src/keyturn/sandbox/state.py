@@ -210,6 +210,13 @@ class SandboxState:
             raise OAuthFailure("invalid_grant", "refresh token has expired")
         granted = self._granted_scope(token.scope, scope)
         token.used_at = now
+        previous = token.family.latest_access
+        replace = self.settings.revoke_previous_access_token_on_refresh
+        if replace and previous is not None and previous.revoked_at is None:
+            # As django-oauth-toolkit does: the access token this refresh replaces dies now,
+            # even though its lifetime is not over.
+            previous.revoked_at = now
+            previous.reason = "replaced at refresh"
         return self._issue(token.family, granted, with_refresh=True)
 
     def _issue(self, family: TokenFamily, scope: str, *, with_refresh: bool) -> Grant:
@@ -218,7 +225,7 @@ class SandboxState:
         self._maybe_prune(now)
         scope = settings.scope_override if settings.scope_override is not None else scope
         access = new_secret(PREFIX_ACCESS_TOKEN)
-        self._store(
+        family.latest_access = self._store(
             table=self._access,
             kind="access",
             value=access,
@@ -255,7 +262,7 @@ class SandboxState:
         family: TokenFamily,
         scope: str,
         lifetime: int,
-    ) -> None:
+    ) -> IssuedToken:
         now = self.clock.time()
         token = IssuedToken(
             token_id=f"tok_{next(self._serial):08x}",
@@ -268,6 +275,7 @@ class SandboxState:
             expires_at=now + lifetime,
         )
         table[token.digest] = token
+        return token
 
     # -- resource requests ----------------------------------------------------------------------
 
@@ -276,21 +284,23 @@ class SandboxState:
         now = self.clock.time()
         presented = digest(value)
         key = self._api_keys_by_digest.get(presented)
+        # Some providers answer 403 instead of RFC 6750's 401 for a dead credential.
+        dead = self.settings.invalid_token_status
         if key is not None:
             if key.revoked_at is not None:
                 key.usage.rejected_count += 1
-                raise BearerRejected("invalid_token", "the API key has been revoked")
+                raise BearerRejected("invalid_token", "the API key has been revoked", dead)
             key.usage.accepted(now)
             return Principal("api_key", key.key_id, key.scope)
         token = self._access.get(presented)
         if token is None:
-            raise BearerRejected("invalid_token", "unknown API key or access token")
+            raise BearerRejected("invalid_token", "unknown API key or access token", dead)
         app = self._apps.get(token.client_id)
         status = token.status(now)
         if status != "active":
             if app is not None:
                 app.usage.rejected_count += 1
-            raise BearerRejected("invalid_token", f"the access token is {status}")
+            raise BearerRejected("invalid_token", f"the access token is {status}", dead)
         if app is not None:
             app.usage.accepted(now)
             app.resource_requests += 1

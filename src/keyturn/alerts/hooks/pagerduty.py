@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import httpx
 
 from keyturn.alerts.hooks.base import HookPolicy, HttpHook
-from keyturn.alerts.model import Alert
+from keyturn.alerts.model import Alert, is_web_link
 from keyturn.clock import Clock, rfc3339
 from keyturn.secret import Secret
 
@@ -45,13 +45,15 @@ def pagerduty_payload(alert: Alert, routing_key: str) -> dict[str, Any]:
         payload["component"] = alert.credential
     if alert.provider:
         payload["group"] = alert.provider
-    return {
+    event: dict[str, Any] = {
         "routing_key": routing_key,
         "event_action": "trigger",
         "dedup_key": alert.fingerprint,
         "payload": payload,
-        "links": [{"href": alert.runbook_url, "text": "Runbook"}],
     }
+    if is_web_link(alert.runbook_url):  # not the default `docs/runbook.md#…` path
+        event["links"] = [{"href": alert.runbook_url, "text": "Runbook"}]
+    return event
 
 
 class PagerDutyHook(HttpHook):

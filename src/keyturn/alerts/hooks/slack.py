@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from keyturn.alerts.hooks.base import HttpHook
-from keyturn.alerts.model import Alert
+from keyturn.alerts.model import Alert, is_web_link
 from keyturn.clock import rfc3339
 
 COLORS = {"critical": "#D00000", "warning": "#F2A900", "info": "#439FE0", "resolved": "#2EB67D"}
@@ -43,7 +43,11 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
         {"type": "mrkdwn", "text": f"*Detector*\n`{escape(alert.detector)}`"},
         {"type": "mrkdwn", "text": f"*Severity*\n{alert.severity}"},
     ]
-    context = f"<{escape(alert.runbook_url)}|Runbook> · {when} · fingerprint `{alert.fingerprint}`"
+    if is_web_link(alert.runbook_url):
+        runbook = f"<{escape(alert.runbook_url)}|Runbook>"
+    else:  # the default, a path in keyturn's source: shown, not linked
+        runbook = f"Runbook `{escape(alert.runbook_url)}`"
+    context = f"{runbook} · {when} · fingerprint `{alert.fingerprint}`"
     blocks = [
         {"type": "section", "text": {"type": "mrkdwn", "text": escape(alert.summary)}},
         {"type": "section", "fields": fields},
