@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[demo,test]'
+	$(BIN)/pip install --quiet -c constraints.txt -e 'clients/python[httpx,requests]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,16 +20,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/system-deps.sh
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench clients
 	$(BIN)/mypy
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench clients
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/sandbox_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info clients/python/src/*.egg-info
