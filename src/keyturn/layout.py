@@ -28,14 +28,17 @@ MANAGED_BY = "keyturn"
 
 
 def oauth_published_fields(
-    access_token: Secret, issued_at: float, expires_at: float
+    access_token: Secret, issued_at: float, expires_at: float, refresh_at: float
 ) -> dict[str, str | Secret]:
-    """The KV data an app reads for an OAuth credential."""
+    """The KV data an app reads for an OAuth credential. `refresh_at` is when keyturn plans
+    to replace the token (rounded up to whole seconds: a reader that waits until then finds
+    the new one or the refresh under way), so consumers can plan their re-reads."""
     return {
         "access_token": access_token,
         "token_type": "Bearer",
         "expires_at": rfc3339(expires_at),
         "issued_at": rfc3339(issued_at),
+        "refresh_at": rfc3339(math.ceil(refresh_at)),
         "authorization": Secret(f"Bearer {access_token.reveal()}"),
     }
 
@@ -53,14 +56,19 @@ def api_key_published_fields(
     }
 
 
-def published_metadata(credential: str, expires_at: float, writer: str) -> dict[str, str]:
+def published_metadata(
+    credential: str, expires_at: float, writer: str, *, refresh_at: float | None = None
+) -> dict[str, str]:
     """KV custom_metadata on every published path, so readers can schedule and audits can see."""
-    return {
+    metadata = {
         "managed-by": MANAGED_BY,
         "credential": credential,
         "expires_at": rfc3339(expires_at),
         "writer": writer,
     }
+    if refresh_at is not None:
+        metadata["refresh_at"] = rfc3339(math.ceil(refresh_at))
+    return metadata
 
 
 def state_path(prefix: str, credential: str) -> str:

@@ -306,7 +306,11 @@ class TokenRefresh:
                 authorization=Secret(f"Bearer {token.access_token.reveal()}"),
                 what="token",
             )
-        published_version = await self._publish(token.access_token, issued_at, expires_at, state)
+        # Planned before publishing, so apps read when keyturn means to replace this token.
+        next_due = refresh_due(issued_at, expires_at, self.target.refresh, self._rng)
+        published_version = await self._publish(
+            token.access_token, issued_at, expires_at, next_due, state
+        )
         self._confirmed_version = published_version
         if state.burned_refresh_token is not None:  # apps now read a token of another grant
             await self._revoke(state.burned_refresh_token)
@@ -323,7 +327,7 @@ class TokenRefresh:
                 last_success=self._clock.time(),
                 last_error=None,
                 consecutive_failures=0,
-                next_due=refresh_due(issued_at, expires_at, self.target.refresh, self._rng),
+                next_due=next_due,
                 phase="ok",
             )
         )
@@ -631,14 +635,21 @@ class TokenRefresh:
             )
 
     async def _publish(
-        self, access_token: Secret, issued_at: float, expires_at: float, state: CredentialState
+        self,
+        access_token: Secret,
+        issued_at: float,
+        expires_at: float,
+        refresh_at: float,
+        state: CredentialState,
     ) -> int:
         return await publish_with_cas(
             self._store,
             self._observer,
             path=self.target.publish_to,
-            data=oauth_published_fields(access_token, issued_at, expires_at),
-            metadata=published_metadata(self.target.name, expires_at, self._instance),
+            data=oauth_published_fields(access_token, issued_at, expires_at, refresh_at),
+            metadata=published_metadata(
+                self.target.name, expires_at, self._instance, refresh_at=refresh_at
+            ),
             last_version=state.published_version,
             credential=self.target.name,
             provider=self.target.provider,

@@ -96,6 +96,7 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
         "managed-by": "keyturn",
         "credential": "reporting",
         "expires_at": entry.data["expires_at"],
+        "refresh_at": entry.data["refresh_at"],
         "writer": "i-1",
     }
     state = await world.state()
@@ -103,6 +104,9 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
     assert state.published_version == entry.version
     assert state.lease_owner is None and state.phase == "ok"
     assert world.clock.time() + 0.56 * 600 <= outcome.next_due <= world.clock.time() + 0.76 * 600
+    # Consumers read when keyturn plans to replace the token: its own plan, in whole seconds.
+    refresh_at = parse_rfc3339(entry.data["refresh_at"])
+    assert outcome.next_due <= refresh_at < outcome.next_due + 1
 
 
 async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
