@@ -6,8 +6,9 @@
 #
 #   bao policy write keyturn deploy/vault/keyturn.hcl     (or: vault policy write …)
 #
-# It grants exactly what keyturn uses (src/keyturn/commands/check.py, required_capabilities),
-# and nothing else: no delete, no list, no sudo, nothing outside these paths.
+# It grants exactly what keyturn uses (src/keyturn/commands/check.py, required_capabilities,
+# and the mount check of src/keyturn/vault/mounts.py), and nothing else: no delete, no list,
+# no sudo, nothing outside these paths.
 # docs: deploy/vault/README.md, docs/vault.md.
 
 # The inputs keyturn reads through `vault:` references: client ids and secrets, a rotator's
@@ -51,4 +52,11 @@ path "auth/token/renew-self" {
 
 path "sys/capabilities-self" {
   capabilities = ["update"]
+}
+
+# What is mounted at "secret" (type kv, options.version 2): `keyturn check` and the daemon's
+# start read it and refuse a missing or KV version 1 mount before anything is written there.
+# Vault and OpenBao also answer this read for any token holding a capability under the mount.
+path "sys/internal/ui/mounts/secret" {
+  capabilities = ["read"]
 }

@@ -8,7 +8,8 @@
     │   ├── VaultAuthError ........ login failed, token expired/revoked   (retryable)
     │   ├── VaultPermissionDenied . the policy lacks a capability on a path
     │   ├── VaultCasConflict ...... check-and-set lost: someone else wrote (retryable)
-    │   └── VaultDataError ........ a stored value is missing or malformed
+    │   ├── VaultDataError ........ a stored value is missing or malformed
+    │   └── VaultMountError ....... the KV mount is missing or not KV v2: nothing may be written
     ├── ProviderError .......... the service (token endpoint, probe, rotator APIs)
     │   ├── ProviderUnavailable ... network error, time-out, 5xx          (retryable)
     │   │                           carries `retry_after`, `answer_lost`
@@ -77,6 +78,11 @@ class VaultCasConflict(VaultError):
 
 class VaultDataError(VaultError):
     pass
+
+
+class VaultMountError(VaultError):
+    """The mount keyturn writes to is missing, KV v1 or another engine. Not retryable: on KV v1
+    every write would *succeed* as junk at `<mount>/data/...`, so keyturn refuses to start."""
 
 
 class ProviderError(KeyturnError):

@@ -1,12 +1,13 @@
-"""`keyturn check -c FILE`: is this configuration ready to run?
+"""`keyturn check -c FILE [--live]`: is this configuration ready to run?
 
-Validates the file, resolves every secret reference, checks Vault auth and the token's
-capabilities on every path keyturn will touch, and reaches every provider's token endpoint.
-Exit 0 when all is well; exit 1 with one line per problem otherwise.
+Validates the file, resolves every secret reference, checks Vault auth, that every mount
+keyturn uses is KV v2, the token's capabilities on every path keyturn will touch, and reaches
+every provider's token endpoint. Exit 0 when all is well; exit 1 with one line per problem.
 
 Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
-answer proves the endpoint is there without issuing a token (client credentials themselves are
-proven by the first real refresh, with `probe` before anything is published).
+answer proves the endpoint is there without issuing a token. `--live` goes further and uses
+each credential as the daemon would (see `_check_live`), so a wrong client secret shows before
+the first run rather than as a failing daemon.
 """
 
 from __future__ import annotations
@@ -16,72 +17,143 @@ import asyncio
 import os
 import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import httpx
 
 from keyturn.alerts.build import build_hooks
-from keyturn.clock import SystemClock
+from keyturn.clock import SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
-from keyturn.config import Config, HttpRotatorConfig
-from keyturn.errors import KeyturnError
-from keyturn.layout import state_path
+from keyturn.config import Config, CredentialConfig, HttpRotatorConfig
+from keyturn.errors import (
+    KeyturnError,
+    OAuthError,
+    ProviderError,
+    SecretReferenceError,
+    VaultError,
+    VerificationFailed,
+)
+from keyturn.kinds import revoke_verification_grant
+from keyturn.layout import CredentialState, state_path
+from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import parse_error_response
-from keyturn.references import ReferenceResolver
+from keyturn.references import ReferenceResolver, SecretRef
+from keyturn.runtime import provider_settings
+from keyturn.secret import Secret
+from keyturn.vault.hvac_store import VaultStore
+from keyturn.vault.mounts import inspect_mount
 from keyturn.vault.store import KvStore
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="also request a real token for each oauth_client credential (and call its probe "
+        "with it) and call each api_key's probe with its current key; nothing is published, "
+        "stored or alerted",
+    )
+
+
+@dataclass
+class Report:
+    """`problems` go to stderr (and make the exit code 1); `notes` (what --live saw work) to
+    stdout."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
         return 1
-    problems = asyncio.run(check(config))
-    for problem in problems:
+    report = asyncio.run(check(config, live=args.live))
+    for note in report.notes:
+        print(note)
+    for problem in report.problems:
         print(problem, file=sys.stderr)
-    if not problems:
+    if not report.problems:
         print(f"{config.source}: ok ({len(config.credentials)} credentials)")
-    return 1 if problems else 0
+    return 1 if report.problems else 0
+
+
+def vault_references(config: Config) -> list[tuple[str, SecretRef]]:
+    """Every `vault:` reference in the configuration, with the key that holds it."""
+    keyed: list[tuple[str, SecretRef | None]] = []
+    for credential in config.credentials:
+        for key in ("client_id", "client_secret", "initial_key"):
+            keyed.append((f"credentials[{credential.name!r}].{key}", getattr(credential, key)))
+    # Secrets of rotators and alert hooks may live in Vault too.
+    for rotator in config.rotators.values():
+        if isinstance(rotator, HttpRotatorConfig):
+            keyed.append((f"rotators[{rotator.name!r}].auth", rotator.auth))
+    for hook in config.alerts:
+        keyed.append((f"alerts[{hook.name!r}].url", hook.url))
+        keyed.append((f"alerts[{hook.name!r}].routing_key", hook.routing_key))
+    return [(key, ref) for key, ref in keyed if ref is not None and ref.scheme == "vault"]
 
 
 def required_capabilities(config: Config) -> dict[str, set[str]]:
     """Full API path -> capabilities keyturn needs there."""
     mount = config.vault.mount
     needed: dict[str, set[str]] = defaultdict(set)
+    for _key, ref in vault_references(config):
+        needed[f"{ref.mount}/data/{ref.path}"].add("read")
     for credential in config.credentials:
-        for ref in (credential.client_id, credential.client_secret, credential.initial_key):
-            if ref is not None and ref.scheme == "vault":
-                needed[f"{ref.mount}/data/{ref.path}"].add("read")
         needed[f"{mount}/data/{credential.publish_to}"] |= {"create", "update", "read"}
         needed[f"{mount}/metadata/{credential.publish_to}"] |= {"create", "update", "read"}
         private = state_path(config.keyturn.state_prefix, credential.name)
         needed[f"{mount}/data/{private}"] |= {"create", "update", "read"}
-    # Secrets of rotators and alert hooks may live in Vault too.
-    others = [r.auth for r in config.rotators.values() if isinstance(r, HttpRotatorConfig)]
-    others += [ref for hook in config.alerts for ref in (hook.url, hook.routing_key)]
-    for ref in others:
-        if ref is not None and ref.scheme == "vault":
-            needed[f"{ref.mount}/data/{ref.path}"].add("read")
     return needed
 
 
-async def check(config: Config) -> list[str]:
+async def check(config: Config, *, live: bool = False) -> Report:
     from keyturn.vault.open import open_vault_store  # noqa: PLC0415
 
-    problems: list[str] = []
+    report = Report()
     try:
-        store = await open_vault_store(config, clock=SystemClock())
+        store = await open_vault_store(config, clock=SystemClock(), check_mount=False)
     except KeyturnError as error:
-        return [f"vault: {error}"]
+        report.problems.append(f"vault: {error}")
+        return report
     try:
-        problems += await _check_capabilities(config, store)
-        problems += await _check_references(config, store)
+        mount_problems, unusable = await _check_mounts(config, store)
+        report.problems += mount_problems
+        report.problems += await _check_capabilities(config, store)
+        report.problems += await _check_references(config, store, skip=unusable)
+        if live and config.vault.mount not in unusable:
+            await _check_live(config, store, report)
     finally:
         await store.close()
-    problems += await _check_providers(config)
-    return problems
+    report.problems += await _check_providers(config)
+    return report
+
+
+async def _check_mounts(config: Config, store: VaultStore) -> tuple[list[str], set[str]]:
+    """One line per mount keyturn uses that is not KV v2: `vault.mount`, then each `vault:`
+    reference's. Also returns the mounts keyturn cannot use: their references are not resolved
+    one by one (each line would only repeat the mount's)."""
+    used_by = {config.vault.mount: "vault.mount"}
+    for key, ref in vault_references(config):
+        used_by.setdefault(ref.mount, f"{key} = {ref}")
+    needed = required_capabilities(config)
+    problems: list[str] = []
+    unusable: set[str] = set()
+    for mount, user in used_by.items():
+        under = sorted(path for path in needed if path.startswith(f"{mount}/"))
+        try:
+            info = await inspect_mount(store, mount, under=under)
+        except KeyturnError as error:
+            problems.append(f"vault: {mount}/ ({user}): cannot tell what is mounted: {error}")
+            continue
+        problem = info.problem(user)
+        if problem is not None:
+            problems.append(f"vault: {problem}")
+        if info.kind in ("missing", "kv-v1", "other"):
+            unusable.add(mount)
+    return problems, unusable
 
 
 async def _check_capabilities(config: Config, store: KvStore) -> list[str]:
@@ -101,20 +173,23 @@ async def _check_capabilities(config: Config, store: KvStore) -> list[str]:
     return problems
 
 
-async def _check_references(config: Config, store: KvStore) -> list[str]:
+async def _check_references(config: Config, store: KvStore, *, skip: set[str]) -> list[str]:
+    """Resolve every reference; those on a mount in `skip` (already reported) are left out."""
     resolver = ReferenceResolver(os.environ, store)
     problems = []
     for credential in config.credentials:
-        for field in ("client_id", "client_secret", "initial_key"):
-            ref = getattr(credential, field)
-            if ref is None:
+        for key in ("client_id", "client_secret", "initial_key"):
+            ref = getattr(credential, key)
+            if ref is None or (ref.scheme == "vault" and ref.mount in skip):
                 continue
             try:
                 await resolver.resolve(ref)
             except KeyturnError as error:
-                problems.append(f"credentials[{credential.name!r}].{field}: {error.message}")
+                problems.append(f"credentials[{credential.name!r}].{key}: {error.message}")
     for rotator in config.rotators.values():
         if not isinstance(rotator, HttpRotatorConfig) or rotator.auth is None:
+            continue
+        if rotator.auth.scheme == "vault" and rotator.auth.mount in skip:
             continue
         try:
             await resolver.resolve(rotator.auth)
@@ -130,6 +205,144 @@ async def _check_references(config: Config, store: KvStore) -> list[str]:
         for hook in hooks:
             await hook.aclose()
     return problems
+
+
+class _Unresolved(Exception):
+    """An input that does not resolve: `_check_references` has already said so."""
+
+
+async def _check_live(config: Config, store: VaultStore, report: Report) -> None:
+    """Use each credential as the daemon would, and nothing more: a client_credentials token
+    request (never the refresh token keyturn holds: using it would rotate it) and the probe
+    for an oauth_client, the probe with the current key for an api_key. Nothing is published,
+    no state record is written, no alert is raised (no observer is given anything), and the
+    token obtained is revoked (RFC 7009) where the provider offers it."""
+    resolver = ReferenceResolver(os.environ, store)
+    clock = SystemClock()
+    clients = {
+        name: ProviderClient(provider_settings(provider), clock=clock)
+        for name, provider in config.providers.items()
+    }
+    try:
+        for credential in config.credentials:
+            label = f"credentials[{credential.name!r}]"
+            client = clients[credential.provider]
+            try:
+                entry = await store.read(
+                    state_path(config.keyturn.state_prefix, credential.name), consistent=True
+                )
+                state = CredentialState.from_data(entry.data, credential.name) if entry else None
+                if credential.kind == "api_key":
+                    note = await _live_api_key(credential, client, resolver, state)
+                else:
+                    note = await _live_oauth(credential, client, resolver, state)
+            except _Unresolved:
+                continue
+            except KeyturnError as error:
+                report.problems.append(f"{label}: {error.message}")
+            else:
+                report.notes.append(f"{label}: {note}")
+    finally:
+        for client in clients.values():
+            await client.aclose()
+
+
+async def _resolve(resolver: ReferenceResolver, ref: SecretRef) -> Secret:
+    try:
+        return await resolver.resolve(ref)
+    except (SecretReferenceError, VaultError) as error:
+        raise _Unresolved from error
+
+
+async def _live_oauth(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    resolver: ReferenceResolver,
+    state: CredentialState | None,
+) -> str:
+    assert credential.client_id is not None
+    assert credential.client_secret is not None
+    client_id = (await _resolve(resolver, credential.client_id)).reveal()
+    # After a client-secret rotation the current secret lives in the state, not the input.
+    rotated = state.key if state is not None else None
+    secret = rotated or await _resolve(resolver, credential.client_secret)
+    try:
+        token = await client.request_token(
+            credential.name,
+            grant_type="client_credentials",
+            client_id=client_id,
+            client_secret=secret,
+            scope=credential.scope,
+        )
+    except OAuthError as error:
+        if error.error != "invalid_client" and error.status != 401:
+            raise
+        refusal = _refusal(credential, state, error.error, rotated=rotated is not None)
+        raise ProviderError(refusal, credential=credential.name) from None
+    try:
+        if not credential.probe:
+            return "token issued (no probe configured)"
+        await _probe(credential, client, token.access_token, "a token issued just now")
+        return f"token issued and accepted by probe {credential.probe}"
+    finally:
+        await revoke_verification_grant(client, credential.name, token, client_id, secret)
+
+
+def _refusal(
+    credential: CredentialConfig, state: CredentialState | None, code: str, *, rotated: bool
+) -> str:
+    """Why a token request was refused, as far as keyturn's own record can tell: a credential
+    that never worked has wrong inputs; one that did was changed somewhere else."""
+    if state is None or state.last_success is None:
+        client_id = credential.client_id
+        named = f"{client_id} (inline)" if client_id and client_id.is_inline else f"{client_id}"
+        return (
+            f"first token request refused ({code}): check the client_secret reference "
+            f"{credential.client_secret} (client_id from {named})"
+        )
+    secret = (
+        "the client secret keyturn rotated to (kept in its private state)"
+        if rotated
+        else f"the client secret ({credential.client_secret})"
+    )
+    return (
+        f"token request refused ({code}), though it last succeeded at "
+        f"{rfc3339(state.last_success)}: {secret} may have been changed or revoked outside keyturn"
+    )
+
+
+async def _live_api_key(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    resolver: ReferenceResolver,
+    state: CredentialState | None,
+) -> str:
+    if state is not None and state.key is not None:
+        key, which = state.key, "the current key"
+    elif credential.initial_key is not None:
+        key = await _resolve(resolver, credential.initial_key)
+        which = f"initial_key ({credential.initial_key})"
+    else:
+        return "no key yet: keyturn creates one on its first run; nothing to probe"
+    assert credential.probe is not None  # an api_key always has one (configuration rule)
+    await _probe(credential, client, key, which)
+    return f"{which} accepted by probe {credential.probe}"
+
+
+async def _probe(
+    credential: CredentialConfig, client: ProviderClient, value: Secret, what: str
+) -> None:
+    assert credential.probe is not None
+    status = await client.probe(
+        credential.name, credential.probe, Secret(f"Bearer {value.reveal()}")
+    )
+    if not 200 <= status < 300:
+        verdict = "rejected" if status in (401, 403) else "not accepted"
+        raise VerificationFailed(
+            f"{what} {verdict} by probe {credential.probe} (HTTP {status})",
+            credential=credential.name,
+            status=status,
+        )
 
 
 async def _check_providers(config: Config) -> list[str]:

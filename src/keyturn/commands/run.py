@@ -2,6 +2,8 @@
 
 SIGTERM and SIGINT stop new work, let in-flight runs finish (their Vault writes included) for
 up to `keyturn.shutdown_timeout`, then exit 0. SIGHUP reloads the configuration file.
+A start that cannot log in to Vault, or finds `vault.mount` missing or not KV v2, is one
+`daemon.failed` log line and exit 1, before anything is written.
 """
 
 from __future__ import annotations

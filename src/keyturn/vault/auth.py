@@ -19,7 +19,7 @@ from keyturn.clock import Clock, rfc3339
 from keyturn.errors import VaultAuthError, VaultDataError, VaultError, VaultPermissionDenied
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
-from keyturn.vault.client import VaultClient, api_url
+from keyturn.vault.client import VaultClient, api_url, http_status, vault_reason
 from keyturn.vault.renewal import MIN_DELAY, TokenLease, error_delay
 
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
@@ -47,6 +47,9 @@ class VaultAuth:
     role: str | None = None  # kubernetes role
     jwt_path: Path | None = None  # kubernetes service account token (default: the projected one)
     auth_mount: str | None = None  # default: "approle" / "kubernetes"
+    # Where each login input came from in the configuration, e.g. ("secret_id",
+    # "env:KEYTURN_SECRET_ID"), so a refused login can say which one to check. Never a value.
+    sources: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in _REQUIRED:
@@ -63,6 +66,12 @@ class VaultAuth:
     def static(self) -> bool:
         """A fresh login returns the token we were given (or the file holds), not a new one."""
         return self.method in ("token", "token_file")
+
+    def source(self, key: str) -> str:
+        """`vault.auth.<key>` and where its value came from, e.g. `vault.auth.secret_id
+        (env:KEYTURN_SECRET_ID)`: what a refused login asks the operator to check."""
+        where = dict(self.sources).get(key)
+        return f"vault.auth.{key} ({where})" if where else f"vault.auth.{key}"
 
 
 class TokenKeeper:
@@ -263,39 +272,99 @@ class TokenKeeper:
             token = auth.token if auth.method == "token" else await self._read(auth.token_path)
             assert token is not None
             # A static token's "login" is a look-up of that token: counted as a login.
-            body = await self._client.request(
-                "GET",
-                _LOOKUP,
-                kind="login",
-                operation="token lookup",
-                path=None,
-                auth=True,
-                token=token,
-            )
+            try:
+                body = await self._client.request(
+                    "GET",
+                    _LOOKUP,
+                    kind="login",
+                    operation="token lookup",
+                    path=None,
+                    auth=True,
+                    token=token,
+                )
+            except VaultAuthError as exc:
+                raise self._refused(exc, [token]) from exc
             data = _section(body, "data")
             ttl, renewable = _number(data, "ttl"), bool(data.get("renewable"))
             natural = _number(data, "creation_ttl") if "creation_ttl" in data else ttl
             lease = TokenLease(self._clock.time(), ttl, renewable, natural or ttl)
             return token, lease, _accessor(data)
+        sent: list[Secret | None]
         if auth.method == "approle":
             assert auth.role_id is not None
             payload = {"role_id": auth.role_id.reveal()}
             if auth.secret_id is not None:
                 payload["secret_id"] = auth.secret_id.reveal()
+            sent = [auth.role_id, auth.secret_id]
         else:
             jwt = await self._read(auth.jwt_path or KUBERNETES_JWT)
             payload = {"role": auth.role or "", "jwt": jwt.reveal()}
+            sent = [jwt]
         url, operation = api_url("auth", auth.mount_point, "login"), f"{auth.method} login"
-        body = await self._client.request(
-            "POST", url, kind="login", operation=operation, path=None, json=payload, auth=True
-        )
+        try:
+            body = await self._client.request(
+                "POST", url, kind="login", operation=operation, path=None, json=payload, auth=True
+            )
+        except VaultAuthError as exc:
+            raise self._refused(exc, sent) from exc
         section = _section(body, "auth")
         token = section.get("client_token")
         if not isinstance(token, str) or not token:
             raise VaultDataError(f"vault {auth.method} login: no client_token in the response")
         granted, renewable = _grant(body)
         lease = TokenLease(self._clock.time(), granted, renewable, granted)
+        await self._usable(Secret(token), sent)
         return Secret(token), lease, _accessor(section)
+
+    async def _usable(self, token: Secret, sent: list[Secret | None]) -> None:
+        """Look up a token Vault has just issued: a role's `token_bound_cidrs` lets the login
+        through and then refuses every use of the token from elsewhere, which would otherwise
+        surface later as a baffling "permission denied" on the first data call."""
+        try:
+            await self._client.request(
+                "GET", _LOOKUP, kind="lookup", operation="token lookup", path=None, token=token
+            )
+        except (VaultPermissionDenied, VaultAuthError) as exc:
+            said = _said(exc, [*sent, token])
+            raise VaultAuthError(
+                f"{self._where()}: Vault issued a token and then refused it ({said}); the "
+                "role's token_bound_cidrs may exclude this address, or the token's policies "
+                "lack read on auth/token/lookup-self"
+            ) from exc
+
+    def _where(self) -> str:
+        auth = self._auth
+        if auth.static:
+            return f"vault {auth.method} login"
+        return f"vault {auth.method} login at auth/{auth.mount_point}"
+
+    def _refused(self, exc: VaultAuthError, sent: list[Secret | None]) -> VaultAuthError:
+        """A login Vault refused, in Vault's own words, naming the configuration entries the
+        refused inputs came from (never their values: anything sent is blotted out of the
+        words, though Vault's login errors quote none)."""
+        status = http_status(exc.__cause__)
+        if status is None:
+            return exc
+        auth = self._auth
+        said = _said(exc, sent)
+        if auth.static:
+            key = "token" if auth.method == "token" else "path"
+            hint = f"the token comes from {auth.source(key)}"
+        elif status in (403, 404, 405):
+            # Vault answers a login path where nothing is mounted with 403 permission denied.
+            hint = (
+                f"likely no auth method is mounted at auth/{auth.mount_point} "
+                "(check vault.auth.mount)"
+            )
+            if auth.method == "kubernetes":
+                hint += f", or the service account token ({auth.source('jwt_path')}) was refused"
+        elif auth.method == "approle":
+            hint = (
+                f"role_id from {auth.source('role_id')}, secret_id from {auth.source('secret_id')}"
+            )
+        else:
+            hint = f"role {auth.role!r}, service account token from {auth.source('jwt_path')}"
+        return VaultAuthError(f"{self._where()}: login rejected ({said}); {hint}")
 
     async def _read(self, path: Path | None) -> Secret:
         """A token or JWT file, read off the loop; errors name the file, never its content."""
@@ -314,6 +383,19 @@ class TokenKeeper:
         if not text:
             raise VaultAuthError(f"vault {self._auth.method} login: {path} is empty")
         return Secret(text)
+
+
+def _said(exc: VaultError, sent: list[Secret | None]) -> str:
+    """`HTTP 400: <Vault's words>` for a refused call, with any value in `sent` blotted out."""
+    cause = exc.__cause__
+    reason = vault_reason(cause)
+    for secret in sent:
+        value = secret.reveal() if secret is not None else ""
+        if len(value) >= 4:
+            reason = reason.replace(value, "[redacted]")
+    status = http_status(cause)
+    where = f"HTTP {status}" if status else type(cause).__name__
+    return f"{where}: {reason}" if reason else where
 
 
 def _section(body: dict[str, Any] | None, name: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ import asyncio
 import base64
 import binascii
 import json as jsonlib
+import re
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -193,6 +194,41 @@ def translate(
     if isinstance(exc, hvac_errors.InvalidPath):
         return VaultDataError(f"{where}, not found", path=path)
     return VaultDataError(f"{where}, request rejected", path=path)
+
+
+# Go's multierror header ("1 error occurred:") and a formatting slip OpenBao leaves in some
+# answers (": %!w(<nil>)"): neither says anything.
+_MULTIERROR = re.compile(r"^\d+ errors? occurred:$")
+_GO_DEBRIS = re.compile(r":?\s*%!\w\([^)]*\)")
+REASON_LIMIT = 300
+
+
+def http_status(exc: BaseException | None) -> int | None:
+    """The HTTP status behind an hvac exception (None for anything else)."""
+    return _STATUS.get(type(exc)) if isinstance(exc, Exception) else None
+
+
+def vault_reason(exc: BaseException | None) -> str:
+    """Vault's own words for a refusal (the `errors` list of its answer) on one printable line,
+    at most `REASON_LIMIT` characters; "" when it gave none.
+
+    Only for answers that quote nothing the caller sent (logins: "invalid role or secret ID",
+    "source address ... unauthorized by CIDR restrictions"); data calls keep Vault's text out
+    of keyturn's messages, and callers still blot out any secret they sent (see `auth`).
+    """
+    errors = exc.errors if isinstance(exc, hvac_errors.VaultError) else None
+    items = [errors] if isinstance(errors, str) else errors if isinstance(errors, list) else []
+    parts: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            continue
+        for raw in item.splitlines():
+            line = _GO_DEBRIS.sub("", raw.strip().removeprefix("* ").strip())
+            line = "".join(char for char in line if char.isprintable())
+            if line and not _MULTIERROR.match(line):
+                parts.append(line)
+    text = "; ".join(parts)
+    return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
 def operation_result(error: BaseException) -> VaultResult:

@@ -272,6 +272,23 @@ class VaultStore:
             result[path] = frozenset(caps)
         return result
 
+    async def mount_config(self, mount: str) -> Mapping[str, Any]:
+        """What Vault says is mounted at (or above) `mount`: `type`, `options`, `path`.
+
+        From `sys/internal/ui/mounts/<mount>`, the call the `vault kv` CLI makes. Vault answers
+        403 both when nothing is mounted there and when the token holds nothing under it
+        (`keyturn.vault.mounts` tells them apart).
+        """
+        validate_path(mount, what="mount")
+        body = await self._call_url(
+            "GET",
+            api_url("sys/internal/ui/mounts", mount),
+            kind="read_metadata",
+            operation="read mount configuration",
+            path=f"sys/internal/ui/mounts/{mount}",
+        )
+        return _dict(body.get("data") if body else None) or {}
+
     async def health(self) -> None:
         """Vault answers and accepts our token (token look-up); used by /readyz and `check`."""
         await self.keeper.verify()
