@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from keyturn.commands.check import required_capabilities, vault_references
 from keyturn.config import load_config
 from keyturn.errors import (
     KeyturnError,
@@ -172,3 +173,15 @@ async def test_the_daemon_starts_on_kv_v2_and_when_it_cannot_tell(
         await require_kv_v2(store, config)
     warned = [log for log in logs if log["event"] == "vault.mount_unchecked"]
     assert len(warned) == (0 if store.mounts else 1)
+
+
+def test_a_refresh_token_input_in_vault_needs_read_and_a_kv_v2_mount(tmp_path: Path) -> None:
+    """The `refresh_token` input is a reference like the others: check wants read on it and
+    inspects its mount."""
+    path = tmp_path / "keyturn.toml"
+    path.write_text(CONFIG + 'refresh_token = "vault:inputs/c#refresh_token"\n')
+    config = load_config(path, {})
+    assert ("credentials['c'].refresh_token", config.credentials[0].refresh_token) in (
+        vault_references(config)
+    )
+    assert "read" in required_capabilities(config)["inputs/data/c"]

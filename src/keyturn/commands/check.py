@@ -79,11 +79,15 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+# A credential's fields that hold secret references (its inputs).
+CREDENTIAL_REFERENCES = ("client_id", "client_secret", "initial_key", "refresh_token")
+
+
 def vault_references(config: Config) -> list[tuple[str, SecretRef]]:
     """Every `vault:` reference in the configuration, with the key that holds it."""
     keyed: list[tuple[str, SecretRef | None]] = []
     for credential in config.credentials:
-        for key in ("client_id", "client_secret", "initial_key"):
+        for key in CREDENTIAL_REFERENCES:
             keyed.append((f"credentials[{credential.name!r}].{key}", getattr(credential, key)))
     # Secrets of rotators and alert hooks may live in Vault too.
     for rotator in config.rotators.values():
@@ -178,7 +182,7 @@ async def _check_references(config: Config, store: KvStore, *, skip: set[str]) -
     resolver = ReferenceResolver(os.environ, store)
     problems = []
     for credential in config.credentials:
-        for key in ("client_id", "client_secret", "initial_key"):
+        for key in CREDENTIAL_REFERENCES:
             ref = getattr(credential, key)
             if ref is None or (ref.scheme == "vault" and ref.mount in skip):
                 continue
