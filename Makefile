@@ -22,7 +22,7 @@ test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src tests bench clients
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench clients
