@@ -10,6 +10,8 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-sysusers >/dev/null 2>&1 || needed+=(systemd)
 # libfaketime (LD_PRELOAD) to step keyturn's wall clock alone: tests/integration/test_faults.py.
 compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || compgen -G "/usr/lib/faketime/libfaketime.so.1" >/dev/null || needed+=(libfaketime)
+# openssl makes the throwaway CA and server certificate of the TLS OpenBao: tests/integration/test_docs_real_vault.py.
+command -v openssl >/dev/null 2>&1 || needed+=(openssl)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq
