@@ -15,12 +15,14 @@ Waits are bounded; nothing is mocked.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -375,6 +377,56 @@ def test_a_refused_refresh_token_is_dropped_and_a_failing_fallback_alerts_once(
     admin.update_settings(default_scope=scope)
     wait_published(deployment, "dropped", after=version, timeout=15)
     receiver.wait_alert("credential_failing", "dropped", status="resolved", timeout=10)
+
+
+def test_a_state_record_keyturn_may_not_write_backs_off_and_alerts(
+    deploy, start, receiver: AlertReceiver
+) -> None:
+    """keyturn's token may read its inputs and write the published path but only read its
+    private record (a policy mistake): every run fails on the state write (403). The failures
+    are counted (1, 2, 3, ...), `credential_failing` fires at its threshold, and the retries
+    back off as the credential's `backoff` says: no fixed one-second loop."""
+    deployment = deploy(
+        ["nowrite"],
+        {"access_token_lifetime": 60},
+        credential={"backoff": {"initial": "500ms", "max": "4s"}},
+    )
+    root = deployment.vault_client()
+    mount = "secret"
+    grants = {
+        f"{mount}/data/{deployment.input_paths['nowrite']}": '["read"]',
+        f"{mount}/data/{deployment.publish_to['nowrite']}": '["create", "update", "read"]',
+        f"{mount}/metadata/{deployment.publish_to['nowrite']}": '["create", "update", "read"]',
+        f"{mount}/data/{deployment.state_prefix}/nowrite": '["read"]',  # the mistake
+    }
+    policy = "\n".join(
+        f'path "{path}" {{ capabilities = {caps} }}' for path, caps in grants.items()
+    )
+    name = f"nowrite-{uuid.uuid4().hex[:8]}"
+    root.sys.create_or_update_policy(name=name, policy=policy)
+    token = root.auth.token.create(policies=[name], ttl="1h", renewable=True)["auth"]
+    (deployment.config_path.parent / "vault-token").write_text(token["client_token"])
+    running = start(deployment)
+
+    receiver.wait_alert("credential_failing", "nowrite", timeout=30)
+    time.sleep(6)
+    running.daemon.stop()
+    failed = [
+        json.loads(line)
+        for line in running.daemon.log_text().splitlines()
+        if '"credential.failed"' in line and '"nowrite"' in line
+    ]
+    counts = [event["consecutive_failures"] for event in failed]
+    assert counts == list(range(1, len(counts) + 1)), counts
+    assert all(event["error_type"] == "VaultPermissionDenied" for event in failed), failed
+    times = [datetime.fromisoformat(event["timestamp"]).timestamp() for event in failed]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # Full jitter in [0.5 s, 0.5 s x 2^(n-1)] capped at 4 s: over ~10 s of failures the later
+    # gaps reach well past the first second; a fixed ~1 s loop would not.
+    assert len(gaps) >= 4, gaps
+    assert max(gaps[3:]) > 1.5, gaps
+    assert len(failed) < 12, len(failed)  # about one a second would be 12 or more
+    assert read_published(deployment, "nowrite") is None  # nothing published without a record
 
 
 # -- 3. invalid_client --------------------------------------------------------------------------
