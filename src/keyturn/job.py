@@ -147,8 +147,12 @@ class Journal:
             return await self._write(self.state.with_(lease_owner=None, lease_until=None))
 
     async def _write(self, state: CredentialState) -> CredentialState:
+        staged = self.state
         self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
-        self.state = state
+        if self.state is staged:
+            self.state = state
+        # else a task staged a newer state while this write (a lease renewal) was under way:
+        # that one is what the run has done, and what the release will store.
         return state
 
     async def keep_alive(self, stop: asyncio.Event) -> None:

@@ -579,3 +579,25 @@ async def test_every_failure_path_backs_off_and_counts_towards_the_alert(path: s
     for n, delay in enumerate(delays, start=1):
         assert BACKOFF.initial <= delay <= BACKOFF.initial * 2 ** (n - 1) + 1e-6, (path, delays)
     assert sum(delays[4:]) > 4 * 3 * BACKOFF.initial, (path, delays)
+
+
+async def test_a_state_staged_during_a_renewal_is_the_one_the_release_stores() -> None:
+    """A task stages its outcome (a new published version) while a lease renewal's write is
+    under way: the renewal must not put its older state back, or the release stores the old
+    version and the next run reports keyturn's own publish as written by someone else."""
+    clock = FakeClock()
+    store = GatedStore(clock)
+    await store.write(STATE, CredentialState().to_data(), cas=0)
+    journal = Journal(store, STATE, CredentialState(), 1, clock=clock, lease=Lease("i-1", 3.0))
+    before = await journal.save(CredentialState(published_version=14))
+    store.gate.clear()
+    renewal = asyncio.ensure_future(journal.renew())
+    for _ in range(3):
+        await asyncio.sleep(0)
+    journal.stage(before.with_(published_version=15))
+    store.gate.set()
+    await renewal
+    await journal.release()
+    entry = await store.read(STATE, consistent=True)
+    assert entry is not None
+    assert CredentialState.from_data(entry.data, "reporting").published_version == 15
