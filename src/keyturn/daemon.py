@@ -35,6 +35,7 @@ from keyturn.observability import (
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
+from keyturn.sinks import SinkManager
 from keyturn.vault.renewal import expiring_margin
 from keyturn.watch import PublishedWatcher, WatchTarget
 
@@ -87,6 +88,8 @@ async def reload(runtime: Runtime, path: Path) -> bool:
     runtime.current = jobs
     summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
     log.info("config.reloaded", **summary)
+    if runtime.sinks is not None:
+        runtime.sinks.configure(new)
     if runtime.metrics is not None:
         runtime.metrics.credentials_configured(len(jobs.jobs))
         for name in summary["removed"]:
@@ -196,25 +199,14 @@ async def run_daemon(
         )
         runtime.scheduler = scheduler
         runtime.metrics = metrics
-
-        async def heartbeat() -> float:
-            metrics.heartbeat()
-            metrics.vault_token(runtime.store.token_expires_at(), runtime.store.authenticated)
-            return HEARTBEAT_SECONDS
+        sinks = local_sinks(runtime, clock, metrics)
 
         scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
-        scheduler.add_periodic("heartbeat", heartbeat)
+        scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
         if config.keyturn.watch_interval > 0:
             scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
-        watchdog_interval = notifier.watchdog_interval()
-        if watchdog_interval is not None:
-
-            async def watchdog() -> float:
-                # Runs on the event loop through the scheduler: a stalled loop or a dead
-                # scheduler stops the pings, and systemd restarts keyturn.
-                notifier.watchdog()
-                return watchdog_interval
-
+        watchdog = systemd_watchdog(notifier)
+        if watchdog is not None:
             scheduler.add_periodic("watchdog", watchdog)
         server = MetricsServer(
             config.metrics,
@@ -246,6 +238,7 @@ async def run_daemon(
             loops.append((CLOCK_CHECK_SECONDS, guard.check))
         try:
             metrics.heartbeat()
+            sinks.start()
             scheduler.start()
             log.info(
                 "daemon.started",
@@ -265,10 +258,54 @@ async def run_daemon(
             drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
             log.info("daemon.stopped", drained=drained)
         finally:
+            # After the drain, so a value the last runs published still reaches its files.
+            await sinks.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
             await server.stop()
             # After the scheduler's drain, so alerts from the last runs still go out.
             await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
     return 0
+
+
+def local_sinks(runtime: Runtime, clock: Clock, metrics: PrometheusObserver) -> SinkManager:
+    """The credentials' local files, kept equal to what is published: they follow publishes
+    off the refresh path (`keyturn.sinks`), woken by an observer, and each syncs once when
+    started."""
+    sinks = runtime.sinks = SinkManager(
+        runtime.config,
+        store=runtime.store,
+        clock=clock,
+        environ=runtime.context.environ,
+        on_result=metrics.sink_write,
+        rng=runtime.context.rng,
+    )
+    runtime.observers.add(sinks.observer())
+    return sinks
+
+
+def heartbeat(runtime: Runtime, metrics: PrometheusObserver) -> Callable[[], Awaitable[float]]:
+    """A periodic job: the loop is alive (liveness), and the state of keyturn's Vault token."""
+
+    async def beat() -> float:
+        metrics.heartbeat()
+        metrics.vault_token(runtime.store.token_expires_at(), runtime.store.authenticated)
+        return HEARTBEAT_SECONDS
+
+    return beat
+
+
+def systemd_watchdog(notifier: SystemdNotifier) -> Callable[[], Awaitable[float]] | None:
+    """A periodic job that pings systemd's watchdog, if the unit has one. It runs on the event
+    loop through the scheduler: a stalled loop or a dead scheduler stops the pings, and systemd
+    restarts keyturn."""
+    interval = notifier.watchdog_interval()
+    if interval is None:
+        return None
+
+    async def watchdog() -> float:
+        notifier.watchdog()
+        return interval
+
+    return watchdog
 
 
 def vault_token_keeper(

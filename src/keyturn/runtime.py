@@ -27,6 +27,7 @@ from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
+from keyturn.sinks import SinkManager
 from keyturn.vault.client import OnOperation
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
@@ -241,12 +242,14 @@ async def _build(jobs: JobSet, context: Context) -> None:
 
 @dataclass
 class Runtime:
-    """The live process: the shared context and the current JobSet."""
+    """The live process: the shared context and the current JobSet (and, in the daemon, its
+    scheduler, metrics and local sinks)."""
 
     context: Context
     current: JobSet
     scheduler: CredentialScheduler | None = None
     metrics: PrometheusObserver | None = None
+    sinks: SinkManager | None = None
 
     @property
     def config(self) -> Config:

@@ -39,6 +39,9 @@ publish_to = "apps/x"
 refresh = {{ {refresh} }}
 backoff = {{ {backoff} }}
 rotation = {{ max_age = "90d", rotator = "script", {rotation} }}
+sinks = [
+  {{ path = "/x", format = "raw", on_publish = {{ command = ["/r"], {on_publish} }}, {sink} }},
+]
 {credentials}
 [[credentials]]
 name = "key"
@@ -73,7 +76,7 @@ AUTH = {
     "approle": 'role_id = "env:R", secret_id = "env:S", ',
     "kubernetes": 'role = "r", ',
 }
-INLINE = ["refresh", "backoff", "rotation", "create", "revoke", "find"]
+INLINE = ["refresh", "backoff", "rotation", "create", "revoke", "find", "sink", "on_publish"]
 TABLES = ["keyturn", "metrics", "vault", "providers", "credentials", "api_key"]
 TABLES += ["http", "exec", "manual"]
 
@@ -97,10 +100,12 @@ def known_keys(method: str) -> dict[str, list[str]]:
 def test_every_key_is_documented_and_in_the_example(method: str) -> None:
     tables = known_keys(method)
     # keyturn, metrics, vault, vault.auth, providers, two credentials, refresh, backoff,
-    # rotation, three rotators and the http rotator's create, revoke and find
-    assert len(tables) == 16, sorted(tables)
+    # rotation, a sink and its on_publish, three rotators and the http rotator's create,
+    # revoke and find
+    assert len(tables) == 18, sorted(tables)
     for table, keys in tables.items():
         for key in keys:
             assert f"`{key}`" in DOCS, f"{table}.{key} is not documented"
-            pattern = rf"(^|[ {{,]){key} = |^\[\w+\.{key}\]$"  # a key or a [table.key] header
+            # a key, or a [table.key] or [[table.key]] header
+            pattern = rf"(^|[ {{,]){key} = |^\[\[?\w+\.{key}\]\]?$"
             assert re.search(pattern, EXAMPLE, re.M), f"{table}.{key} is not in the example"

@@ -86,6 +86,7 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     observer.rotation_duration("acme", "oauth_client", 3.0)
     observer.lateness(0.02)
     observer.alert_delivery("oncall", "success")
+    observer.sink_write("reporting", "written")
     observer.vault_operation("write", "success", 0.01)
     observer.vault_token(clock.time() + 3600, authenticated=True)
     observer.heartbeat()
@@ -104,7 +105,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_document_has_all_its_tables() -> None:
     rows = doc_rows()
-    assert len(rows) == 22
+    assert len(rows) == 23
     assert rows["keyturn_credential_ready"].labels == {"credential", "provider", "kind"}
     assert rows["keyturn_build_info"].labels == {"version", "python"}
     assert rows["keyturn_schedule_lateness_seconds"].labels == frozenset()

@@ -4,7 +4,8 @@
     config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
 
 See docs/configuration.md for every key. Modules: `schema` (the objects), `load` (parsing and
-validation), `rotators` (`[[rotators]]` and `rotation`), `alerts` (`[[alerts]]`), `reader`
+validation), `rotators` (`[[rotators]]` and `rotation`), `sinks` (a credential's `sinks`),
+`alerts` (`[[alerts]]`), `reader`
 and `fields` (how raw values and overrides are read), `templates` (an http rotator's
 templates and JSON pointers), `durations`.
 """
@@ -24,6 +25,7 @@ from keyturn.config.schema import (
     DaemonSettings,
     ExecRotatorConfig,
     ExternalChangeResponse,
+    HookConfig,
     HttpCall,
     HttpFind,
     HttpMethod,
@@ -36,6 +38,8 @@ from keyturn.config.schema import (
     RotationPolicy,
     RotatorConfig,
     RotatorType,
+    SinkConfig,
+    SinkFormat,
     TokenAuth,
     TokenFileAuth,
     TokenRequest,
@@ -56,6 +60,7 @@ __all__ = [
     "DaemonSettings",
     "ExecRotatorConfig",
     "ExternalChangeResponse",
+    "HookConfig",
     "HttpCall",
     "HttpFind",
     "HttpMethod",
@@ -68,6 +73,8 @@ __all__ = [
     "RotationPolicy",
     "RotatorConfig",
     "RotatorType",
+    "SinkConfig",
+    "SinkFormat",
     "TokenAuth",
     "TokenFileAuth",
     "TokenRequest",

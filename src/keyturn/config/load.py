@@ -60,6 +60,7 @@ from keyturn.config.schema import (
     VaultAuth,
     VaultSettings,
 )
+from keyturn.config.sinks import load_sinks
 from keyturn.errors import ConfigError
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
@@ -348,8 +349,9 @@ def _credentials(
 ) -> list[CredentialConfig]:
     result: list[CredentialConfig] = []
     published: dict[str, str] = {}
+    sink_paths: dict[Path, str] = {}
     for t in tables:
-        credential = _credential(t, providers, state_prefix, rotators)
+        credential = _credential(t, providers, state_prefix, rotators, sink_paths)
         if credential is None:
             continue
         other = published.setdefault(credential.publish_to, t.path)
@@ -364,7 +366,11 @@ def _credentials(
 
 
 def _credential(
-    t: Table, providers: list[str] | None, state_prefix: str, rotators: RotatorIndex
+    t: Table,
+    providers: list[str] | None,
+    state_prefix: str,
+    rotators: RotatorIndex,
+    sink_paths: dict[Path, str],
 ) -> CredentialConfig | None:
     """One `[[credentials]]` entry; which keys it takes depends on its `kind` (with no valid
     kind, every key is read as optional so that only real problems are reported)."""
@@ -411,6 +417,7 @@ def _credential(
                 "is set without initial_key; expected initial_key (a reference to the key "
                 "whose id this is) as well",
             )
+    sinks = load_sinks(t, sink_paths)
     t.finish()
     if t.name is None or provider is None or kind is None or publish_to is None:
         return None
@@ -433,6 +440,7 @@ def _credential(
         initial_key=initial_key,
         initial_key_id=initial_key_id,
         refresh_token=refresh_token,
+        sinks=sinks,
     )
 
 

@@ -254,6 +254,26 @@ class Table:
             tables.append(entry)
         return tables
 
+    def positional(self, key: str, expected: str) -> list[Table]:
+        """The tables of the array `key`, whose entries have no name: each is `key[index]`, and
+        none takes overrides (an override cannot say which entry it means). [] if absent; a
+        value that is not an array, or an item that is not a table, is a problem."""
+        self._know(key)
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.problem(key, f"got {describe(value)}; expected {expected}")
+            return []
+        tables: list[Table] = []
+        for index, item in enumerate(value):
+            at_index = f"{self.key_path(key)}[{index}]"
+            if not isinstance(item, dict):
+                self.ctx.problem(at_index, f"got {describe(item)}; expected a table")
+                continue
+            tables.append(Table(self.ctx, item, at_index, None))
+        return tables
+
     # -- unknown keys ----------------------------------------------------------------------
 
     def finish(self, context: str = "") -> None:

@@ -207,33 +207,38 @@ STATUSES: Field[tuple[int, ...]] = Field(
 )
 
 
-def _command(value: object, from_env: bool) -> tuple[str, ...]:
-    expected = COMMAND.expected
-    value = _from_env_json(value, from_env)
-    if not isinstance(value, list) or not value:
-        raise Invalid(f"got {describe(value)}; expected {expected}")
-    for item in value:
-        if not isinstance(item, str) or not item or "\x00" in item:
-            shown = describe(item)
-            if item == "":
-                shown = "an empty string"
-            elif isinstance(item, str):
-                shown = "a string with a NUL character"
-            raise Invalid(f"got {shown} in the array; expected {expected}")
-    program = value[0]
-    if "/" in program and not program.startswith("/"):
-        raise Invalid(
-            f"got {describe(program)} as the program, a relative path; expected {expected}"
-        )
-    return tuple(value)
+def command_field(example: str, *, from_env: bool = True) -> Field[tuple[str, ...]]:
+    """A command as argv (run without a shell): a non-empty array of strings, the program an
+    absolute path or a name looked up in PATH. `from_env`: the key can be overridden, with a
+    JSON array."""
+    expected = (
+        "a non-empty array of strings, the program first: an absolute path or a name looked up "
+        f"in PATH, e.g. {example}" + (" (in the environment a JSON array)" if from_env else "")
+    )
+
+    def convert(value: object, env: bool) -> tuple[str, ...]:
+        value = _from_env_json(value, env)
+        if not isinstance(value, list) or not value:
+            raise Invalid(f"got {describe(value)}; expected {expected}")
+        for item in value:
+            if not isinstance(item, str) or not item or "\x00" in item:
+                shown = describe(item)
+                if item == "":
+                    shown = "an empty string"
+                elif isinstance(item, str):
+                    shown = "a string with a NUL character"
+                raise Invalid(f"got {shown} in the array; expected {expected}")
+        program = value[0]
+        if "/" in program and not program.startswith("/"):
+            raise Invalid(
+                f"got {describe(program)} as the program, a relative path; expected {expected}"
+            )
+        return tuple(value)
+
+    return Field(expected, convert)
 
 
-COMMAND: Field[tuple[str, ...]] = Field(
-    "a non-empty array of strings, the program first: an absolute path or a name looked up "
-    'in PATH, e.g. ["/usr/local/bin/rotate-key", "--vendor", "acme"] '
-    "(in the environment a JSON array)",
-    _command,
-)
+COMMAND = command_field('["/usr/local/bin/rotate-key", "--vendor", "acme"]')
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,9 @@ else should construct them from raw input. Durations are float seconds. Secret i
     ├── rotators: Mapping[name, HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig]
     │             (http: create/revoke: HttpCall, find: HttpFind)
     ├── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy,
-    │                                                rotation: RotationPolicy
+    │                                                rotation: RotationPolicy,
+    │                                                sinks: tuple[SinkConfig, ...]
+    │                                                (each with on_publish: HookConfig)
     └── alerts: tuple[AlertHookConfig, ...]
 """
 
@@ -37,6 +39,7 @@ HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
 AlertHookType = Literal["webhook", "slack", "pagerduty", "alertmanager"]
 AlertSeverity = Literal["info", "warning", "critical"]
+SinkFormat = Literal["raw", "json", "env"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
@@ -256,6 +259,32 @@ class RotationPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class HookConfig:
+    """A sink's `on_publish`: a command (argv, no shell; not run at load) run after each write
+    of the sink's file, told what was written as JSON on its stdin. `timeout` in seconds."""
+
+    command: tuple[str, ...]
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SinkConfig:
+    """One of a credential's `sinks`: a file on keyturn's host that keyturn keeps equal to the
+    published value (see `keyturn.sinks`).
+
+    path: absolute, normalized. format: "raw" (the bare token or key), "json" (the published
+    fields, `credential` and `version`), "env" (`<env_prefix><FIELD>=value` lines).
+    mode: permission bits (at most 0o777, owner-readable, nothing for others).
+    """
+
+    path: Path
+    format: SinkFormat
+    mode: int = 0o600
+    env_prefix: str = "KEYTURN_"
+    on_publish: HookConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CredentialConfig:
     """`[[credentials]]`: one credential keyturn keeps fresh.
 
@@ -267,6 +296,7 @@ class CredentialConfig:
     `initial_key` (a reference) and `initial_key_id` adopt an existing key at first start.
     publish_to: the KV path (relative to the mount) apps read.
     probe: a path on the provider to call with a new token or key before publishing it.
+    sinks: files on keyturn's host kept equal to what is published (none by default).
     """
 
     name: str
@@ -283,6 +313,7 @@ class CredentialConfig:
     initial_key: SecretRef | None = None
     initial_key_id: str | None = None
     refresh_token: SecretRef | None = None
+    sinks: tuple[SinkConfig, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,14 @@ ALERT_DELIVERIES = _counter(
     ("hook", "result"),
     "`success`, `failed`, `dropped` (rate-limited or queue full)",
 )
+SINK_WRITES = _counter(
+    "keyturn_sink_writes_total",
+    ("credential", "result"),
+    "local sink files brought up to date, one per sink and attempt: `written` (and its "
+    "`on_publish` command, if any, exited 0), `hook_failed` (written; the command failed or "
+    "timed out), `write_failed`, `invalid_record` (the published record lacks a field), "
+    "`read_failed` (Vault)",
+)
 
 # -- histograms ------------------------------------------------------------------------------------
 TOKEN_REQUEST_DURATION = MetricSpec(
@@ -166,6 +174,7 @@ ALL: tuple[MetricSpec, ...] = (
     VAULT_OPERATIONS_TOTAL,
     SUSPICIOUS,
     ALERT_DELIVERIES,
+    SINK_WRITES,
     TOKEN_REQUEST_DURATION,
     VAULT_OPERATION_DURATION,
     ROTATION_DURATION,
@@ -214,6 +223,9 @@ DETECTORS = frozenset(
 )
 SEVERITIES = frozenset({"info", "warning", "critical"})
 ALERT_RESULTS = frozenset({"success", "failed", "dropped"})
+SINK_RESULTS = frozenset(
+    {"written", "hook_failed", "write_failed", "invalid_record", "read_failed"}
+)
 
 
 def bounded(word: str, allowed: frozenset[str]) -> str:

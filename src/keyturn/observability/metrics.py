@@ -107,10 +107,11 @@ class PrometheusObserver:
     """An `Observer` (see `keyturn.events`) that keeps every keyturn metric in `registry`.
 
     Besides the observer events it takes what only the daemon knows: `rotation_planned`,
-    `rotation_duration`, `lateness`, `alert_delivery`, `vault_operation` (the Vault store's
-    `on_operation`), `vault_token`, `heartbeat`, `credentials_configured`, and `restored` for
-    a credential found in good order at start-up. Label words outside their bounded sets are
-    exposed as `other`; nothing here ever receives a secret.
+    `rotation_duration`, `lateness`, `alert_delivery`, `sink_write` (the sinks' `on_result`),
+    `vault_operation` (the Vault store's `on_operation`), `vault_token`, `heartbeat`,
+    `credentials_configured`, and `restored` for a credential found in good order at start-up.
+    Label words outside their bounded sets are exposed as `other`; nothing here ever receives
+    a secret.
     """
 
     def __init__(self, registry: CollectorRegistry, clock: Clock) -> None:
@@ -139,6 +140,7 @@ class PrometheusObserver:
         self._vault_operations = counter(c.VAULT_OPERATIONS_TOTAL)
         self._suspicious = counter(c.SUSPICIOUS)
         self._alert_deliveries = counter(c.ALERT_DELIVERIES)
+        self._sink_writes = counter(c.SINK_WRITES)
         self._token_duration = histogram(c.TOKEN_REQUEST_DURATION)
         self._vault_duration = histogram(c.VAULT_OPERATION_DURATION)
         self._rotation_duration = histogram(c.ROTATION_DURATION)
@@ -243,6 +245,10 @@ class PrometheusObserver:
 
     def alert_delivery(self, hook: str, result: str) -> None:
         self._alert_deliveries.labels(hook, bounded(result, c.ALERT_RESULTS)).inc()
+
+    def sink_write(self, credential: str, result: str) -> None:
+        """One local sink of `credential` brought up to date, or not (`keyturn.sinks`)."""
+        self._count(credential, self._sink_writes, (credential, bounded(result, c.SINK_RESULTS)))
 
     def vault_operation(self, operation: str, result: str, seconds: float) -> None:
         """One Vault call; fits `VaultStore(on_operation=...)`."""

@@ -130,19 +130,19 @@ class ExecRotator:
             raise self._error(f"{action}: cannot run {program}: {reason}", request) from exc
         try:
             async with asyncio.timeout(self.config.timeout):
-                out, err = await _communicate(process, stdin)
+                out, err = await communicate(process, stdin)
         except TimeoutError:
             raise self._error(
                 f"{action}: timed out after {self.config.timeout:g}s", request
             ) from None
         finally:
             if process.returncode is None:  # timed out or cancelled: leave nothing behind
-                _kill_group(process)
+                kill_group(process)
                 await process.wait()
         stdout_text = out.data.decode("utf-8", errors="replace")
         if process.returncode != 0:
             raise self._error(
-                f"{action}: {_exit_reason(process.returncode)}"
+                f"{action}: {exit_reason(process.returncode)}"
                 + _stderr_tail(err.data, stdout_text),
                 request,
             )
@@ -190,9 +190,7 @@ async def _read(stream: asyncio.StreamReader | None, *, keep_tail: bool) -> _Out
     return _Output(data, overflow)
 
 
-async def _communicate(
-    process: asyncio.subprocess.Process, stdin: bytes
-) -> tuple[_Output, _Output]:
+async def communicate(process: asyncio.subprocess.Process, stdin: bytes) -> tuple[_Output, _Output]:
     async def feed() -> None:
         if process.stdin is None:
             return
@@ -211,14 +209,14 @@ async def _communicate(
     return out, err
 
 
-def _kill_group(process: asyncio.subprocess.Process) -> None:
+def kill_group(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         process.kill()
 
 
-def _exit_reason(code: int | None) -> str:
+def exit_reason(code: int | None) -> str:
     if code is not None and code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
