@@ -2,8 +2,11 @@
 
 Starts a dev OpenBao and the sandbox service on loopback, registers OAuth clients in the
 sandbox, stores their inputs in Vault, writes a configuration, runs the daemon with token
-lifetimes of a few seconds, and prints live what an app reading Vault sees: the token's
-version turning over before its expiry, each one accepted by the service.
+lifetimes of a few seconds, and prints live what each app sees: the token's version turning
+over before its expiry, each one accepted by the service. The apps get the value three ways:
+app1 through the `keyturn_client` library (cached until `refresh_at`, retried once on a
+401/403), the last app from a file keyturn writes on this host (a sink), the others by reading
+Vault themselves.
 
 Files go to `--workdir` (default `.demo/`): keyturn.toml, keyturn.log (the daemon's JSON
 log), env.sh (addresses and demo credentials for the README's curl examples; mode 0600).
@@ -14,16 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import shlex
 import signal
-import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import hvac
 
 from keyturn.clock import SystemClock, parse_rfc3339
-from keyturn.config import Config, load_config
+from keyturn.config import Config, CredentialConfig, load_config
 from keyturn.daemon import run_daemon
 from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.dev.sandbox import SandboxProcess
@@ -57,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prepare(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess, count: int) -> Path:
-    """Register OAuth clients, store their inputs in Vault, write keyturn.toml and env.sh."""
+    """Register OAuth clients, store their inputs in Vault, write keyturn.toml (the last
+    credential with a file sink) and env.sh."""
     deployment = prepare_deployment(
         vault,
         sandbox,
@@ -70,6 +75,14 @@ def _prepare(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess, co
         },
         use_bootstrap_client=True,
     )
+    if count >= 2:  # the last app reads a file on this host instead of Vault
+        with deployment.config_path.open("a") as config:
+            config.write(
+                "\n[[credentials.sinks]]\n"
+                f'path = "{_sink_path(workdir, count)}"\n'
+                'format = "json"\n'
+                'mode = "0600"\n'
+            )
     bootstrap = sandbox.bootstrap
     env = {
         "VAULT_ADDR": vault.address,
@@ -87,6 +100,10 @@ def _prepare(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess, co
     env_path.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
     env_path.chmod(0o600)
     return deployment.config_path
+
+
+def _sink_path(workdir: Path, count: int) -> Path:
+    return workdir / f"app{count}.json"
 
 
 def _banner(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess) -> None:
@@ -117,9 +134,14 @@ async def _live(
     clock = SystemClock()
     deadline = clock.monotonic() + duration if duration else None
     vault = hvac.Client(url=server.address, token=server.root_token)
+    apps = [
+        _app(credential, index, config, vault)
+        for index, credential in enumerate(config.credentials)
+    ]
     async with httpx.AsyncClient(base_url=sandbox.base_url, timeout=3.0) as http:
         while not stop.is_set() and not daemon.done():
-            await _print_app_view(config, vault, http, clock)
+            cells = [await app(http, clock) for app in apps]
+            print("  |  ".join(cells), flush=True)
             if deadline is not None and clock.monotonic() >= deadline:
                 stop.set()
             with contextlib.suppress(TimeoutError):
@@ -127,12 +149,60 @@ async def _live(
     return await daemon
 
 
-async def _print_app_view(
-    config: Config, vault: hvac.Client, http: httpx.AsyncClient, clock: SystemClock
-) -> None:
-    """Read each published path as an app would and call the service with it."""
-    cells = []
-    for credential in config.credentials:
+# One demo app: calls the service once with the credential as it gets it; returns its cell.
+App = Callable[[httpx.AsyncClient, SystemClock], Awaitable[str]]
+
+
+def _app(credential: CredentialConfig, index: int, config: Config, vault: hvac.Client) -> App:
+    """app1 uses the client library, the last app (of two or more) reads its file sink, the
+    others read Vault themselves."""
+    if index == 0:
+        return _library_app(credential, vault)
+    if credential.sinks:
+        return _sink_app(credential, credential.sinks[0].path)
+    return _vault_app(credential, vault)
+
+
+def _cell(name: str, how: str, version: object, left: float, status: int) -> str:
+    verdict = "accepted" if status == 200 else f"HTTP {status}"
+    return f"{name} ({how}): v{version} expires in {left:4.1f}s {verdict}"
+
+
+def _library_app(credential: CredentialConfig, vault: hvac.Client) -> App:
+    try:
+        from keyturn_client import Credential, CredentialUnavailable  # noqa: PLC0415
+        from keyturn_client.httpx import KeyturnAuth  # noqa: PLC0415
+    except ImportError:  # keyturn installed alone (`make demo` installs both)
+        return _vault_app(credential, vault)
+    held = Credential(credential.publish_to, client=vault)
+    auth = KeyturnAuth(held)
+
+    async def call(http: httpx.AsyncClient, clock: SystemClock) -> str:
+        try:
+            response = await http.get("/v1/projects", auth=auth)
+        except (CredentialUnavailable, httpx.HTTPError) as exc:  # e.g. not yet published
+            return f"{credential.name} (keyturn_client): {type(exc).__name__}"
+        left = (held.expires_at or clock.time()) - clock.time()
+        return _cell(credential.name, "keyturn_client", held.version, left, response.status_code)
+
+    return call
+
+
+def _sink_app(credential: CredentialConfig, path: Path) -> App:
+    async def call(http: httpx.AsyncClient, clock: SystemClock) -> str:
+        try:
+            data = json.loads(await asyncio.to_thread(path.read_text))
+        except (OSError, ValueError):
+            return f"{credential.name} (file sink): (not yet written)"
+        response = await http.get("/v1/projects", headers={"Authorization": data["authorization"]})
+        left = parse_rfc3339(data["expires_at"]) - clock.time()
+        return _cell(credential.name, "file sink", data["version"], left, response.status_code)
+
+    return call
+
+
+def _vault_app(credential: CredentialConfig, vault: hvac.Client) -> App:
+    async def call(http: httpx.AsyncClient, clock: SystemClock) -> str:
         try:
             read = await asyncio.to_thread(
                 vault.secrets.kv.v2.read_secret_version,
@@ -140,12 +210,10 @@ async def _print_app_view(
                 raise_on_deleted_version=True,
             )
         except hvac.exceptions.InvalidPath:
-            cells.append(f"{credential.name}: (not yet published)")
-            continue
+            return f"{credential.name} (Vault read): (not yet published)"
         data, version = read["data"]["data"], read["data"]["metadata"]["version"]
-        left = parse_rfc3339(data["expires_at"]) - clock.time()
         response = await http.get("/v1/projects", headers={"Authorization": data["authorization"]})
-        verdict = "accepted" if response.status_code == 200 else f"HTTP {response.status_code}"
-        cells.append(f"{credential.name}: v{version} expires in {left:4.1f}s {verdict}")
-    print("  |  ".join(cells), flush=True)
-    sys.stdout.flush()
+        left = parse_rfc3339(data["expires_at"]) - clock.time()
+        return _cell(credential.name, "Vault read", version, left, response.status_code)
+
+    return call
