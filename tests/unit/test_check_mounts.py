@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from keyturn.commands.check import required_capabilities, vault_references
+from keyturn.commands.check import required_capabilities, sink_problems, vault_references
 from keyturn.config import load_config
 from keyturn.errors import (
     KeyturnError,
@@ -185,3 +185,18 @@ def test_a_refresh_token_input_in_vault_needs_read_and_a_kv_v2_mount(tmp_path: P
         vault_references(config)
     )
     assert "read" in required_capabilities(config)["inputs/data/c"]
+
+
+def test_a_sink_directory_that_is_missing_is_a_problem(tmp_path: Path) -> None:
+    here = tmp_path / "run"
+    here.mkdir()
+    path = tmp_path / "keyturn.toml"
+    path.write_text(
+        CONFIG
+        + f'[[credentials.sinks]]\npath = "{here}/c.json"\nformat = "json"\n'
+        + f'[[credentials.sinks]]\npath = "{tmp_path}/missing/c.env"\nformat = "env"\n'
+    )
+    problems = sink_problems(load_config(path, {}))
+    assert problems == [
+        f"credentials['c'].sinks[1].path: directory {tmp_path}/missing does not exist (create it)"
+    ]

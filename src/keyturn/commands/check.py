@@ -132,7 +132,23 @@ async def check(config: Config, *, live: bool = False) -> Report:
     finally:
         await store.close()
     report.problems += await _check_providers(config)
+    report.problems += sink_problems(config)
     return report
+
+
+def sink_problems(config: Config) -> list[str]:
+    """A sink's directory must exist and be writable by keyturn here (it is never created:
+    its owner, group and mode are the operator's choice)."""
+    problems = []
+    for credential in config.credentials:
+        for index, sink in enumerate(credential.sinks):
+            key = f"credentials[{credential.name!r}].sinks[{index}].path"
+            directory = sink.path.parent
+            if not directory.is_dir():
+                problems.append(f"{key}: directory {directory} does not exist (create it)")
+            elif not os.access(directory, os.W_OK | os.X_OK):
+                problems.append(f"{key}: keyturn cannot write in {directory}")
+    return problems
 
 
 async def _check_mounts(config: Config, store: VaultStore) -> tuple[list[str], set[str]]:
