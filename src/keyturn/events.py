@@ -63,6 +63,58 @@ class Observer(Protocol):
         """A probe of a credential issued just now answered with HTTP `status`."""
 
 
+class IgnoringObserver:
+    """An `Observer` that ignores every event: subclass it and override the events you act on
+    (sinks act on two, alert hooks on a few)."""
+
+    def token_request(
+        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
+    ) -> None:
+        return None
+
+    def published(
+        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
+    ) -> None:
+        return None
+
+    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
+        return None
+
+    def failed(
+        self, credential: str, provider: str, kind: str, error: Exception, failures: int
+    ) -> None:
+        return None
+
+    def suspicious(
+        self, credential: str, provider: str, detector: str, severity: str, detail: str
+    ) -> None:
+        return None
+
+    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
+        return None
+
+    def restored(
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int,
+    ) -> None:
+        return None
+
+    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
+        return None
+
+    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
+        return None
+
+    def probe(self, credential: str, provider: str, status: int) -> None:
+        return None
+
+
 class LoggingObserver:
     """Structured log lines for each event (secrets never reach here)."""
 

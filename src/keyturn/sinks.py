@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Literal
 from keyturn.clock import Clock, parse_rfc3339
 from keyturn.config.schema import Config, CredentialConfig, HookConfig, SinkConfig
 from keyturn.errors import KeyturnError
-from keyturn.events import Observer
+from keyturn.events import IgnoringObserver, Observer
 from keyturn.logs import get_logger
 from keyturn.policy import BackoffPolicy, backoff_delay
 from keyturn.rotators.exec import (
@@ -717,7 +717,7 @@ class SinkManager:
         return report
 
 
-class SinkObserver:
+class SinkObserver(IgnoringObserver):
     """The runtime observer that wakes sinks: `published` always, `restored` when the journal
     holds times this process has not seen (someone else published). Nothing else matters to
     sinks; every event returns at once."""
@@ -741,36 +741,6 @@ class SinkObserver:
         failures: int,
     ) -> None:
         self._manager.saw(credential, issued_at, expires_at)
-
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        return None
-
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        return None
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        return None
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        return None
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        return None
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        return None
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        return None
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        return None
 
 
 if TYPE_CHECKING:  # mypy proves the observer satisfies the protocol

@@ -23,7 +23,7 @@ from keyturn.alerts.model import (
     fingerprint,
 )
 from keyturn.errors import KeyturnError
-from keyturn.events import Observer
+from keyturn.events import IgnoringObserver, Observer
 
 CREDENTIAL_FAILING = "credential_failing"
 MANUAL_ROTATION_DUE = "manual_rotation_due"
@@ -48,8 +48,11 @@ def _error_text(error: Exception) -> str:
     return type(error).__name__
 
 
-class AlertingObserver:
-    """Implements `keyturn.events.Observer`; add it to the runtime's `Observers`."""
+class AlertingObserver(IgnoringObserver):
+    """Implements `keyturn.events.Observer`; add it to the runtime's `Observers`. Events not
+    overridden here raise nothing (a rejected probe arrives as
+    `suspicious("fresh_credential_rejected")`; a credential still failing fires again at its
+    next failed run, not when its record is read)."""
 
     def __init__(
         self,
@@ -77,35 +80,6 @@ class AlertingObserver:
             starts_at=self._clock.time(),
             runbook_base=self._runbook_base,
         )
-
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        return None
-
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        return None
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        return None  # a rejected probe arrives as suspicious("fresh_credential_rejected")
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        return None  # a credential still failing fires again at its next failed run
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        return None
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        return None
 
     def published(
         self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
