@@ -33,6 +33,7 @@ from keyturn.observability import (
     readiness_check,
 )
 from keyturn.references import ReferenceResolver
+from keyturn.rotation import Checkpoint, no_checkpoint
 from keyturn.runtime import Runtime, build_jobs, open_runtime
 from keyturn.scheduler import CredentialScheduler
 from keyturn.sinks import SinkManager
@@ -179,16 +180,22 @@ async def run_daemon(
     runtime_out: list[Runtime] | None = None,
     registry: CollectorRegistry | None = None,
     notifier: SystemdNotifier | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> int:
     """Run until `stop` is set; each item put on `reload_requests` reloads the config file.
     `started`/`runtime_out` let an embedding (demo, tests, benchmarks) watch. `notifier`
-    tells systemd (Type=notify) about start, reloads, stop and liveness; without one, nobody."""
+    tells systemd (Type=notify) about start, reloads, stop and liveness; without one, nobody.
+    `checkpoint` is called at each journal point of a rotation (the crash tests stop there)."""
     clock = clock or SystemClock()
     notifier = notifier if notifier is not None else SystemdNotifier({})
     registry = registry if registry is not None else CollectorRegistry()
     metrics = PrometheusObserver(registry, clock)
     async with open_runtime(
-        config, clock=clock, observers=[metrics], on_vault_operation=metrics.vault_operation
+        config,
+        clock=clock,
+        observers=[metrics],
+        on_vault_operation=metrics.vault_operation,
+        checkpoint=checkpoint,
     ) as runtime:
         metrics.credentials_configured(len(runtime.jobs))
         scheduler = CredentialScheduler(

@@ -26,7 +26,7 @@ from keyturn.policy import BackoffPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import TokenResponse
 from keyturn.refresher import publish_with_cas, verify_with_probe
-from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.rotation import Checkpoint, KeyRotation, RotationSettings, no_checkpoint
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 from keyturn.vault.store import KvStore
@@ -54,7 +54,7 @@ def api_key_job(
     initial_key: InitialKey | None = None,
     lease_seconds: float = 30.0,
     backoff: BackoffPolicy | None = None,
-    pause_at: str | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> CredentialJob:
     async def verify(key: Secret) -> None:
         await verify_with_probe(
@@ -106,7 +106,7 @@ def api_key_job(
         clock=clock,
         rng=rng,
         initial_key=initial_key,
-        pause_at=pause_at,
+        checkpoint=checkpoint,
     )
     return CredentialJob(
         name,
@@ -189,7 +189,7 @@ def client_secret_rotation(
     observer: Observer,
     clock: Clock,
     rng: random.Random,
-    pause_at: str | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> KeyRotation:
     async def verify(secret: Secret) -> None:
         the_id = await client_id()
@@ -239,5 +239,5 @@ def client_secret_rotation(
         clock=clock,
         rng=rng,
         client_id=the_client_id,
-        pause_at=pause_at,
+        checkpoint=checkpoint,
     )

@@ -21,7 +21,6 @@ backoff. The manual rotator waits in `creating` until `keyturn import-key` suppl
 
 from __future__ import annotations
 
-import asyncio
 import random
 import uuid
 from collections.abc import Awaitable, Callable
@@ -47,7 +46,15 @@ Publisher = Callable[[Secret, str | None, float, CredentialState], Awaitable[int
 # Reads back what apps read: the key id published there now and its KV version, or None.
 PublishedKeyId = Callable[[], Awaitable[tuple[str | None, int] | None]]
 
-PAUSE_POINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
+# The journal points a rotation passes, in order. After each one is stored, the rotation calls
+# its `checkpoint` (credential, point): a no-op in production; the crash tests inject one that
+# stops dead there (keyturn.testing.paused_daemon), then kill the daemon.
+CHECKPOINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
+Checkpoint = Callable[[str, str], Awaitable[None]]
+
+
+async def no_checkpoint(credential: str, point: str) -> None:
+    """The production checkpoint: nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class KeyRotation:
         rng: random.Random,
         client_id: Callable[[], Awaitable[str | None]] | None = None,
         initial_key: Callable[[], Awaitable[tuple[Secret, str | None] | None]] | None = None,
-        pause_at: str | None = None,
+        checkpoint: Checkpoint = no_checkpoint,
     ) -> None:
         self.credential = credential
         self.kind = kind
@@ -96,7 +103,7 @@ class KeyRotation:
         self._rng = rng
         self._client_id = client_id
         self._initial_key = initial_key
-        self._pause_at = pause_at  # test-only: stop dead at this point (crash tests)
+        self._checkpoint = checkpoint
         self._log = get_logger("keyturn.rotation")
 
     # -- Task -----------------------------------------------------------------------------
@@ -119,7 +126,7 @@ class KeyRotation:
 
     async def step(self, journal: Journal) -> str:
         action = "waiting"
-        for attempt in range(len(PAUSE_POINTS) + 2):  # bounded: each pass moves one phase
+        for attempt in range(len(CHECKPOINTS) + 2):  # bounded: each pass moves one phase
             state, now = journal.state, self._clock.time()
             phase = state.rotation_phase
             if phase == "idle":
@@ -185,7 +192,7 @@ class KeyRotation:
             return
         await journal.save(base.with_(rotation_phase="creating"))
         self._observer.rotation(self.credential, self.provider, self.kind, "started")
-        await self._pause("creating")
+        await self._checkpoint(self.credential, "creating")
 
     async def _create(self, journal: Journal) -> None:
         request = await self._request(journal.state)
@@ -194,7 +201,7 @@ class KeyRotation:
             self._log.warning("rotation.orphan_revoked", credential=self.credential, key_id=orphan)
             await self._rotator.revoke(request, orphan)
         new = await self._rotator.create(request)
-        await self._pause("created")
+        await self._checkpoint(self.credential, "created")
         await journal.save(
             journal.state.with_(
                 rotation_phase="pending",
@@ -204,7 +211,7 @@ class KeyRotation:
             )
         )
         self._observer.rotation(self.credential, self.provider, self.kind, "created")
-        await self._pause("pending")
+        await self._checkpoint(self.credential, "pending")
 
     async def _verify_pending(self, journal: Journal) -> None:
         state = journal.state
@@ -232,7 +239,7 @@ class KeyRotation:
             raise
         journal.stage(state.with_(rotation_phase="verified", verify_failures=0))
         self._observer.rotation(self.credential, self.provider, self.kind, "verified")
-        await self._pause("verified")
+        await self._checkpoint(self.credential, "verified")
 
     async def _make_current(self, journal: Journal) -> None:
         state, now = journal.state, self._clock.time()
@@ -253,7 +260,7 @@ class KeyRotation:
                 published_version = await self._publish(
                     state.pending_key, state.pending_key_id, now, state
                 )
-            await self._pause("published")
+            await self._checkpoint(self.credential, "published")
         had_previous = state.key is not None or self.kind == "oauth_client"
         await journal.save(
             state.with_(
@@ -287,7 +294,7 @@ class KeyRotation:
         self._observer.rotation_planned(
             self.credential, self.provider, self.kind, now + self.settings.max_age
         )
-        await self._pause("retiring")
+        await self._checkpoint(self.credential, "retiring")
 
     async def _retire(self, journal: Journal) -> None:
         state = journal.state
@@ -299,7 +306,7 @@ class KeyRotation:
                 credential=self.credential,
                 detail="the previous key has no id: revoke it by hand if the provider keeps it",
             )
-        await self._pause("revoked")
+        await self._checkpoint(self.credential, "revoked")
         await journal.save(
             state.with_(
                 rotation_phase="idle",
@@ -354,12 +361,6 @@ class KeyRotation:
             key_name=f"keyturn-{self.credential}-{rotation_id}",
             client_id=await self._client_id() if self._client_id else None,
         )
-
-    async def _pause(self, point: str) -> None:
-        if self._pause_at == point:
-            self._log.warning("test.paused", credential=self.credential, point=point)
-            self._pause_at = None
-            await asyncio.sleep(3600)
 
 
 def _result_of(error: KeyturnError) -> str:

@@ -22,7 +22,7 @@ from keyturn.observability.metrics import PrometheusObserver
 from keyturn.providers.client import ProviderClient, ProviderSettings
 from keyturn.references import ReferenceResolver
 from keyturn.refresher import OAuthRefresher, OAuthTarget
-from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.rotation import Checkpoint, KeyRotation, RotationSettings, no_checkpoint
 from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 from keyturn.scheduler import CredentialScheduler
@@ -33,9 +33,6 @@ from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
 
 LEASE_SLACK = 10.0
-
-# Test-only: the rotation pauses (so a crash test can SIGKILL it) at this point of its journal.
-PAUSE_VARIABLE = "KEYTURN_TEST_PAUSE_AT"
 
 
 def provider_settings(provider: ProviderConfig) -> ProviderSettings:
@@ -117,6 +114,8 @@ class Context:
     rng: random.Random
     environ: Mapping[str, str]
     instance_id: str | None = None
+    # Called at each journal point of a rotation (a no-op; crash tests inject one that stops).
+    checkpoint: Checkpoint = no_checkpoint
 
 
 @dataclass
@@ -166,7 +165,6 @@ async def _build(jobs: JobSet, context: Context) -> None:
     # write); runs renew it while they go on, so a dead holder's lease ends soon.
     lease = max((p.timeout for p in config.providers.values()), default=10.0) + LEASE_SLACK
     instance = context.instance_id or config.keyturn.instance_id
-    pause_at = context.environ.get(PAUSE_VARIABLE)  # crash tests only
     for credential in config.credentials:
         provider = config.providers[credential.provider]
         client = jobs.clients[credential.provider]
@@ -199,7 +197,7 @@ async def _build(jobs: JobSet, context: Context) -> None:
                 initial_key=functools.partial(inputs.initial_key, name),
                 lease_seconds=lease,
                 backoff=credential.backoff,
-                pause_at=pause_at,
+                checkpoint=context.checkpoint,
             )
             continue
         extra: tuple[Task, ...] = ()
@@ -217,7 +215,7 @@ async def _build(jobs: JobSet, context: Context) -> None:
                     observer=observer,
                     clock=clock,
                     rng=rng,
-                    pause_at=pause_at,
+                    checkpoint=context.checkpoint,
                 ),
             )
         jobs.jobs[name] = OAuthRefresher(
@@ -283,6 +281,7 @@ async def open_runtime(
     observers: list[Observer] | None = None,
     rng: random.Random | None = None,
     on_vault_operation: OnOperation | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
 ) -> AsyncIterator[Runtime]:
     """Log in to Vault and build the jobs; everything is closed on exit."""
     clock = clock or SystemClock()
@@ -297,6 +296,7 @@ async def open_runtime(
         rng=rng or random.Random(),  # jitter, not cryptography
         environ=environ,
         instance_id=instance_id,
+        checkpoint=checkpoint,
     )
     runtime: Runtime | None = None
     try:

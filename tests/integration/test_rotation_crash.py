@@ -1,13 +1,13 @@
 """Promise 3: a SIGKILL at any step of a key rotation resumes without a lost or orphaned key.
 
-For every point of the rotation state machine (`keyturn.rotation.PAUSE_POINTS`) the test runs
+For every point of the rotation state machine (`keyturn.rotation.CHECKPOINTS`) the test runs
 a real `keyturn run` against a real OpenBao and the sandbox, rotating an API key with the http
 rotator of docs/configuration.md's worked example:
 
 1. a first daemon creates and publishes the first key, and is stopped (SIGTERM);
-2. a second daemon, started with KEYTURN_TEST_PAUSE_AT=<point>, begins the second rotation
-   (the first with a previous key, so `retiring` and `revoked` exist), logs `test.paused`
-   there, and is killed with SIGKILL;
+2. a second daemon, started through `keyturn.testing.paused_daemon <point>` (the daemon with a
+   checkpoint that stops there), begins the second rotation (the first with a previous key, so
+   `retiring` and `revoked` exist), logs `test.paused` there, and is killed with SIGKILL;
 3. a third daemon resumes: the interrupted rotation completes, the previous key is revoked
    after its grace, and the next scheduled rotation runs normally too.
 
@@ -34,14 +34,14 @@ import pytest
 
 from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.dev.sandbox import SandboxProcess
-from keyturn.rotation import PAUSE_POINTS
-from keyturn.runtime import PAUSE_VARIABLE
+from keyturn.rotation import CHECKPOINTS
 from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 
 CREDENTIAL = "crash-key"
 MAX_AGE = 3.0  # seconds: the next rotation is due this long after a key is published
+PAUSED_DAEMON = "keyturn.testing.paused_daemon"  # `keyturn run`, stopped at one checkpoint
 GRACE = 1.0  # seconds the previous key stays valid after the new one is published
 
 # Where the journal in Vault stands while the daemon is paused (then killed) at each point:
@@ -110,11 +110,10 @@ class Crash:
 
     def daemon(self, pause_at: str | None = None) -> DaemonProcess:
         env = {"SANDBOX_ADMIN_TOKEN": self.deployment.sandbox.admin_token}
-        if pause_at is not None:
-            env[PAUSE_VARIABLE] = pause_at
+        entry = ("keyturn", "run") if pause_at is None else (PAUSED_DAEMON, pause_at)
         workdir = self.workdir / f"daemon-{len(self.daemons)}"
         workdir.mkdir()
-        daemon = DaemonProcess(self.deployment.config_path, workdir, env=env)
+        daemon = DaemonProcess(self.deployment.config_path, workdir, env=env, entry=entry)
         self.daemons.append(daemon)
         return daemon.start()
 
@@ -253,7 +252,7 @@ def crash(
         daemon.stop(signal.SIGKILL)
 
 
-@pytest.mark.parametrize("point", PAUSE_POINTS)
+@pytest.mark.parametrize("point", CHECKPOINTS)
 def test_a_sigkill_at_any_step_of_a_rotation_resumes_without_losing_a_key(
     crash: Crash, point: str
 ) -> None:

@@ -32,9 +32,12 @@ def test_the_bootstrap_file_is_private_and_its_credentials_work(sandbox: Sandbox
     assert data["base_url"].startswith("http://127.0.0.1:")
     assert not data["base_url"].endswith(":0")
     key = data["api_key"]["key"]
-    assert httpx.get(
-        f"{data['base_url']}/v1/users", headers={"Authorization": f"Bearer {key}"}
-    ).status_code == 200
+    assert (
+        httpx.get(
+            f"{data['base_url']}/v1/users", headers={"Authorization": f"Bearer {key}"}
+        ).status_code
+        == 200
+    )
     oauth = data["oauth_client"]
     issued = client_credentials(sandbox, oauth["client_id"], oauth["client_secret"])
     assert issued.status_code == 200
@@ -44,8 +47,12 @@ def test_the_bootstrap_file_is_private_and_its_credentials_work(sandbox: Sandbox
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic YWRtaW46YWRtaW4="])
 def test_the_admin_api_needs_the_admin_token(sandbox: SandboxProcess, header: str | None) -> None:
     headers = {"Authorization": header} if header else {}
-    for method, path in [("GET", "/admin/api-keys"), ("PUT", "/admin/settings"),
-                         ("POST", "/admin/oauth-apps"), ("DELETE", "/admin/faults")]:
+    for method, path in [
+        ("GET", "/admin/api-keys"),
+        ("PUT", "/admin/settings"),
+        ("POST", "/admin/oauth-apps"),
+        ("DELETE", "/admin/faults"),
+    ]:
         response = httpx.request(method, f"{sandbox.base_url}{path}", headers=headers, json={})
         assert response.status_code == 401
         challenge = response.headers["www-authenticate"]
@@ -59,7 +66,9 @@ def test_api_key_lifecycle_shows_the_value_once(sandbox: SandboxProcess) -> None
     assert created["key"].startswith("ktsb_key_")
     assert created["key_id"].startswith("key_")
     assert (created["name"], created["description"], created["status"]) == (
-        "reporting", "nightly export", "active"
+        "reporting",
+        "nightly export",
+        "active",
     )
     listed = sandbox.admin.list_api_keys()
     fetched = sandbox.admin.get_api_key(created["key_id"])
@@ -70,8 +79,10 @@ def test_api_key_lifecycle_shows_the_value_once(sandbox: SandboxProcess) -> None
     assert revoked["status"] == "revoked"
     assert revoked["revoked_at"].endswith("Z")
     statuses = {k["key_id"]: k["status"] for k in sandbox.admin.list_api_keys()}
-    assert statuses == {sandbox.bootstrap["api_key"]["key_id"]: "active",
-                        created["key_id"]: "revoked"}
+    assert statuses == {
+        sandbox.bootstrap["api_key"]["key_id"]: "active",
+        created["key_id"]: "revoked",
+    }
     with pytest.raises(httpx.HTTPStatusError) as caught:
         sandbox.admin.get_api_key("key_nothing")
     assert caught.value.response.status_code == 404
@@ -79,7 +90,7 @@ def test_api_key_lifecycle_shows_the_value_once(sandbox: SandboxProcess) -> None
 
 @pytest.mark.parametrize(
     "body",
-    [{}, {"name": ""}, {"name": 5}, {"name": "x", "scope": "bad\"scope"}],
+    [{}, {"name": ""}, {"name": 5}, {"name": "x", "scope": 'bad"scope'}],
 )
 def test_invalid_api_key_requests_are_400(sandbox: SandboxProcess, body: dict[str, object]) -> None:
     with pytest.raises(httpx.HTTPStatusError) as caught:
@@ -172,8 +183,11 @@ def test_a_config_file_sets_the_starting_settings(
     sandbox_factory: Callable[..., SandboxProcess],
 ) -> None:
     sandbox = sandbox_factory(
-        {"access_token_lifetime": 42, "default_scope": "users:read",
-         "rate_limits": {"users": {"requests": 9, "per_seconds": 3}}}
+        {
+            "access_token_lifetime": 42,
+            "default_scope": "users:read",
+            "rate_limits": {"users": {"requests": 9, "per_seconds": 3}},
+        }
     )
     oauth = sandbox.bootstrap["oauth_client"]
     issued = client_credentials(sandbox, oauth["client_id"], oauth["client_secret"]).json()

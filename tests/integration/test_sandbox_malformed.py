@@ -71,8 +71,11 @@ def test_oversized_bodies_are_refused_with_413_whether_declared_or_streamed(
         "/oauth/token", content=chunks(), headers={"Content-Type": "application/json"}
     )
     assert streamed.status_code == 413
-    huge = http.post("/admin/api-keys", content=b"{" + b" " * 20_000_000 + b"}",
-                     headers={"Authorization": f"Bearer {sandbox.admin_token}"})
+    huge = http.post(
+        "/admin/api-keys",
+        content=b"{" + b" " * 20_000_000 + b"}",
+        headers={"Authorization": f"Bearer {sandbox.admin_token}"},
+    )
     assert huge.status_code == 413
     assert http.get("/healthz").json() == {"status": "ok"}
 
@@ -106,8 +109,12 @@ def test_the_server_still_serves_after_every_kind_of_bad_input(
         ("POST", "/oauth/token", b"{}", {"Authorization": "Bearer x"}),
         ("GET", "/v1/users", b"", {"Authorization": "Bearer " + "A" * 8000}),
         ("POST", "/oauth/revoke", b"token=", {"Content-Type": "application/x-www-form-urlencoded"}),
-        ("PUT", "/admin/faults", b'{"token": {"latency_ms": "slow"}}',
-         {"Authorization": f"Bearer {sandbox.admin_token}"}),
+        (
+            "PUT",
+            "/admin/faults",
+            b'{"token": {"latency_ms": "slow"}}',
+            {"Authorization": f"Bearer {sandbox.admin_token}"},
+        ),
     ]
     for method, path, content, headers in garbage:
         response = http.request(method, path, content=content, headers=headers)

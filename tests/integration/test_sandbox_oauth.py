@@ -93,8 +93,12 @@ def test_form_bodies_with_basic_or_body_client_authentication(
     assert basic.json()["scope"] == "users:read"
     posted = http.post(
         "/oauth/token",
-        data={"grant_type": "refresh_token", "refresh_token": basic.json()["refresh_token"],
-              "client_id": client_id, "client_secret": client_secret},
+        data={
+            "grant_type": "refresh_token",
+            "refresh_token": basic.json()["refresh_token"],
+            "client_id": client_id,
+            "client_secret": client_secret,
+        },
     )
     assert posted.status_code == 200, posted.text
     assert posted.json()["scope"] == "users:read"
@@ -115,8 +119,11 @@ def test_client_authentication_failures_are_invalid_client_401_with_a_challenge(
     client_id, client_secret = client_of(sandbox)
     cases = [
         {"grant_type": "client_credentials", "client_id": client_id, "client_secret": "wrong"},
-        {"grant_type": "client_credentials", "client_id": "client_nobody",
-         "client_secret": client_secret},
+        {
+            "grant_type": "client_credentials",
+            "client_id": "client_nobody",
+            "client_secret": client_secret,
+        },
         {"grant_type": "client_credentials", "client_id": client_id},
         {"grant_type": "client_credentials"},
     ]
@@ -220,7 +227,9 @@ def test_grant_drift_settings_change_a_running_sandbox(
     )
     drifted = http.post("/oauth/token", json=body).json()
     assert (drifted["scope"], drifted["expires_in"], drifted["token_type"]) == (
-        "projects:read", 30, "mac"
+        "projects:read",
+        30,
+        "mac",
     )
     denied = users(http, drifted["access_token"])
     assert denied.status_code == 403

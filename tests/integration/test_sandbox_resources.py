@@ -38,9 +38,10 @@ def test_an_api_key_and_an_access_token_both_work_on_both_paths(
         assert all({"id", "name", "created_at"} <= set(record) for record in body["data"])
     other = "/v1/projects" if path == "/v1/users" else "/v1/users"
     key = sandbox.bootstrap["api_key"]["key"]
-    assert http.get(path, headers={"Authorization": f"Bearer {key}"}).json() != http.get(
-        other, headers={"Authorization": f"Bearer {key}"}
-    ).json()
+    assert (
+        http.get(path, headers={"Authorization": f"Bearer {key}"}).json()
+        != http.get(other, headers={"Authorization": f"Bearer {key}"}).json()
+    )
 
 
 def challenge(response: httpx.Response) -> str:

@@ -34,8 +34,11 @@ def _session(sandbox: SandboxProcess) -> list[str]:
             return issued
 
         cc = token(grant_type="client_credentials", **oauth)
-        form = http.post("/oauth/token", data={"grant_type": "client_credentials"},
-                         auth=(oauth["client_id"], oauth["client_secret"])).json()
+        form = http.post(
+            "/oauth/token",
+            data={"grant_type": "client_credentials"},
+            auth=(oauth["client_id"], oauth["client_secret"]),
+        ).json()
         secrets.extend([form["access_token"], form["refresh_token"]])
         refreshed = token(grant_type="refresh_token", refresh_token=cc["refresh_token"], **oauth)
         token(grant_type="refresh_token", refresh_token=cc["refresh_token"], **oauth)  # reuse
@@ -47,22 +50,40 @@ def _session(sandbox: SandboxProcess) -> list[str]:
         app = admin.create_oauth_app("session-app")
         rotated = admin.rotate_client_secret(app["client_id"], overlap_seconds=0)
         secrets.extend([key["key"], app["client_secret"], rotated["client_secret"]])
-        token(grant_type="client_credentials", client_id=app["client_id"],
-              client_secret=app["client_secret"])  # the expired secret: invalid_client
+        token(
+            grant_type="client_credentials",
+            client_id=app["client_id"],
+            client_secret=app["client_secret"],
+        )  # the expired secret: invalid_client
         admin.revoke_api_key(key["key_id"])
         http.get("/v1/projects", headers={"Authorization": f"Bearer {key['key']}"})
-        http.post("/oauth/revoke", data={"token": form["refresh_token"]},
-                  auth=(oauth["client_id"], oauth["client_secret"]))
+        http.post(
+            "/oauth/revoke",
+            data={"token": form["refresh_token"]},
+            auth=(oauth["client_id"], oauth["client_secret"]),
+        )
         admin.revoke_token(refreshed["refresh_token"])
         # Malformed requests that carry secrets in them.
-        http.post("/oauth/token", content=f'{{"client_secret": "{oauth["client_secret"]}"',
-                  headers={"Content-Type": "application/json"})
-        http.post("/oauth/token", content=f"client_secret={oauth['client_secret']}&x=1&x=2",
-                  headers={"Content-Type": "application/x-www-form-urlencoded"})
+        http.post(
+            "/oauth/token",
+            content=f'{{"client_secret": "{oauth["client_secret"]}"',
+            headers={"Content-Type": "application/json"},
+        )
+        http.post(
+            "/oauth/token",
+            content=f"client_secret={oauth['client_secret']}&x=1&x=2",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
         http.get(f"/v1/{boot['api_key']['key']}")
         # A confused client with its secret in the client_id field.
-        http.post("/oauth/token", data={"grant_type": "client_credentials",
-                                        "client_id": oauth["client_secret"], "client_secret": "x"})
+        http.post(
+            "/oauth/token",
+            data={
+                "grant_type": "client_credentials",
+                "client_id": oauth["client_secret"],
+                "client_secret": "x",
+            },
+        )
         http.get("/admin/usage", headers={"Authorization": f"Bearer {boot['api_key']['key']}"})
         admin.set_faults({"token": {"error_rate": 1}})
         token(grant_type="client_credentials", **oauth)
@@ -97,7 +118,10 @@ def test_a_bad_config_file_exits_2_naming_the_key(tmp_path: Path) -> None:
     config.write_text("access_token_lifetime = -5\n[rate_limits]\ntoken = 3\n")
     result = subprocess.run(
         [sys.executable, "-m", "keyturn.sandbox", "--port", "0", "--config", str(config)],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 2
     assert f"{config}: access_token_lifetime: expected an integer" in result.stderr
@@ -107,7 +131,9 @@ def test_a_bad_config_file_exits_2_naming_the_key(tmp_path: Path) -> None:
 def test_without_a_bootstrap_file_the_credentials_are_printed_once(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "keyturn.sandbox", "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
@@ -133,9 +159,19 @@ def test_without_a_bootstrap_file_the_credentials_are_printed_once(tmp_path: Pat
 def test_the_keyturn_command_dispatches_to_the_sandbox(tmp_path: Path) -> None:
     bootstrap = tmp_path / "bootstrap.json"
     process = subprocess.Popen(
-        [sys.executable, "-m", "keyturn", "sandbox", "--port", "0",
-         "--bootstrap-out", str(bootstrap)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "keyturn",
+            "sandbox",
+            "--port",
+            "0",
+            "--bootstrap-out",
+            str(bootstrap),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         for _ in range(300):

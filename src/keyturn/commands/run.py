@@ -18,24 +18,26 @@ from keyturn.daemon import run_daemon
 from keyturn.errors import KeyturnError
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
+from keyturn.rotation import Checkpoint, no_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, checkpoint: Checkpoint = no_checkpoint) -> int:
+    """`checkpoint`: see `keyturn.rotation.CHECKPOINTS` (only the crash tests pass one)."""
     config = load_or_report(args.config, one_shot=False)
     if config is None:
         return 1
     try:
-        return asyncio.run(_main(config))
+        return asyncio.run(_main(config, checkpoint))
     except KeyturnError as error:
         get_logger("keyturn.daemon").error("daemon.failed", error=str(error))
         return 1
 
 
-async def _main(config: Config) -> int:
+async def _main(config: Config, checkpoint: Checkpoint) -> int:
     stop = asyncio.Event()
     reloads: asyncio.Queue[None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
@@ -45,4 +47,6 @@ async def _main(config: Config) -> int:
     # Reads NOTIFY_SOCKET/WATCHDOG_* and removes them from os.environ before the runtime
     # builds exec rotators (which copy the environment): their commands must not inherit them.
     notifier = SystemdNotifier()
-    return await run_daemon(config, stop, reload_requests=reloads, notifier=notifier)
+    return await run_daemon(
+        config, stop, reload_requests=reloads, notifier=notifier, checkpoint=checkpoint
+    )

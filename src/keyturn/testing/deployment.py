@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,12 +138,21 @@ def prepare_deployment(
 
 
 class DaemonProcess(ManagedServer):
-    """`keyturn run -c FILE` as a subprocess, its output in `<workdir>/keyturn-N.log`."""
+    """`keyturn run -c FILE` as a subprocess, its output in `<workdir>/keyturn-N.log`.
+    `entry` replaces `keyturn run` (e.g. `keyturn.testing.paused_daemon POINT`)."""
 
-    def __init__(self, config_path: Path, workdir: Path, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        config_path: Path,
+        workdir: Path,
+        env: Mapping[str, str] | None = None,
+        *,
+        entry: Sequence[str] = ("keyturn", "run"),
+    ):
         self.config_path = config_path
         self.workdir = workdir
         self._env = {**os.environ, **(env or {})}
+        self._entry = list(entry)
         self._process: subprocess.Popen[bytes] | None = None
         self._runs = 0
         self.log_paths: list[Path] = []
@@ -154,7 +163,7 @@ class DaemonProcess(ManagedServer):
         self.log_paths.append(log_path)
         with log_path.open("wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "keyturn", "run", "-c", str(self.config_path)],
+                [sys.executable, "-m", *self._entry, "-c", str(self.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self._env,
