@@ -149,6 +149,7 @@ class OpenBaoRaftCluster(ManagedServer):
                 self._initialise(deadline)
                 self._unseal(self.nodes[0], deadline=deadline)
                 self.wait_for_leader(timeout=_left(deadline))
+                self._quick_promotion()
                 self._unseal(*self.nodes[1:], deadline=deadline)
                 self.wait_healthy(timeout=_left(deadline))
                 self._enable_kv(deadline)
@@ -280,6 +281,39 @@ class OpenBaoRaftCluster(ManagedServer):
             return True
 
         self._wait(standbys_ready, deadline, "every node to be an unsealed standby in sync")
+        running = {node.node_id for node in self.nodes if node.running}
+        self._wait(
+            lambda: running <= self._voters(leader),
+            deadline,
+            "every running node to be a Raft voter",
+        )
+
+    def _quick_promotion(self) -> None:
+        """Autopilot promotes a joined node to voter after `server_stabilization_time` (10 s
+        by default); 2 s keeps the tests' restarts short."""
+        response = httpx.post(
+            f"{self.leader().address}/v1/sys/storage/raft/autopilot/configuration",
+            headers=self._headers(),
+            json={"server_stabilization_time": "2s"},
+            timeout=10.0,
+        )
+        if response.status_code not in (200, 204):
+            raise ClusterError(f"autopilot configuration: HTTP {response.status_code}")
+
+    def _voters(self, leader: RaftNode) -> set[str]:
+        """The node ids Raft counts as voters. A node that joins (or rejoins after a restart)
+        is a non-voter until autopilot promotes it; until then losing the leader leaves no
+        quorum ("not part of stable configuration, aborting election")."""
+        try:
+            answer = httpx.get(
+                f"{leader.address}/v1/sys/storage/raft/configuration",
+                headers=self._headers(),
+                timeout=5.0,
+            )
+            servers = answer.json()["data"]["config"]["servers"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return set()
+        return {str(s.get("node_id")) for s in servers if s.get("voter") is True}
 
     # -- plumbing ---------------------------------------------------------------------------
 
