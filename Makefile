@@ -22,7 +22,8 @@ test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src tests bench clients
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile -m 'not serial'
+	$(BIN)/pytest -m serial
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench clients

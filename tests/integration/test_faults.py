@@ -41,7 +41,7 @@ from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deploy
 from keyturn.testing.faketime import FakeWallClock
 from keyturn.testing.vault_proxy import FaultyVaultProxy, ProxiedRequest
 
-pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
+pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow, pytest.mark.serial]
 
 LIFETIME = 20  # seconds: the sandbox's access-token lifetime, unless a test says otherwise
 REVOKE_PATH = "/oauth/revoke"
