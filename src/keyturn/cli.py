@@ -37,7 +37,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_named(argv: Sequence[str]) -> str | None:
+    """The command `argv` asks for (the first word that names one), None if there is none."""
+    return next((word for word in argv if word in COMMANDS), None)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (to add its options), so `keyturn run`
+    never loads the sandbox or the demo's dev servers. None: every command's module."""
     parser = argparse.ArgumentParser(
         prog="keyturn",
         description="Keeps the OAuth tokens and API keys of a third-party API fresh in Vault.",
@@ -53,14 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
         command_parser = sub.add_parser(
             name, help=help_text, description=help_text, parents=[common]
         )
-        module = importlib.import_module(module_name)
-        module.add_arguments(command_parser)
-        command_parser.set_defaults(_module=module)
+        if command is None or name == command:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command_parser)
+            command_parser.set_defaults(_module=module)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(command_named(words) or "").parse_args(words)
     # Warnings only until the command sets its level (from the configuration, or its own
     # option); the format chosen here holds for every later configure_logging in the process.
     configure_logging("warning", fmt=args.log_format)
