@@ -8,11 +8,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml constraints.txt
+# keyturn (the daemon, with the test tools), keyturn-devkit (devkit/: the sandbox, the dev
+# servers and the test harnesses; never in `pip install .`) and the client library, in one
+# resolution. setuptools: the packaging test builds keyturn's wheel without build isolation.
+$(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[demo,test]'
-	$(BIN)/pip install --quiet -c constraints.txt -e 'clients/python[httpx,requests]'
+	$(BIN)/pip install --quiet -c constraints.txt setuptools
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]' -e ./devkit \
+		-e 'clients/python[httpx,requests]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -20,17 +24,18 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/system-deps.sh
-	$(BIN)/ruff check src tests bench clients
+	$(BIN)/ruff check src devkit tests bench clients
 	$(BIN)/mypy
 	$(BIN)/pytest -n 2 --dist loadfile -m 'not serial'
 	$(BIN)/pytest -m serial
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench clients
+	$(BIN)/ruff check src devkit tests bench clients
 	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/sandbox_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info clients/python/src/*.egg-info
+	rm -rf $(VENV) .pytest_cache build src/*.egg-info devkit/build devkit/src/*.egg-info \
+		clients/python/src/*.egg-info

@@ -28,7 +28,7 @@ stdout, progress on stderr):
    each run minus its planned time, `CredentialScheduler.lateness`) in a window of
    `--steady` seconds that opens when the first refresh is due.
 
-The daemon is this script with `--child CONFIG`, which calls `run_daemon` the way
+The daemon is this script with `--child CONFIG`, which opens it with `open_daemon` as
 `keyturn run` does and reports progress and the lateness samples as JSON lines on stdout,
 so its RSS and CPU are its own. The token lifetime is set (through the sandbox's admin API)
 after the first baseline round to 10 times its duration, at least 200 s, so that the first
@@ -64,8 +64,8 @@ import hvac
 import requests
 from requests.adapters import HTTPAdapter
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 INPUTS = "keyturn/inputs"  # where each credential's client_id/client_secret live
 PUBLISHED = "bench/apps"  # keyturn publishes here
@@ -598,7 +598,7 @@ def emit(event: dict[str, Any]) -> None:
 def child(config_path: Path) -> int:
     spawned = time.time()
     from keyturn.config import load_config  # noqa: PLC0415 - the child's own imports
-    from keyturn.daemon import run_daemon  # noqa: PLC0415
+    from keyturn.daemon import open_daemon  # noqa: PLC0415
     from keyturn.logs import configure_logging  # noqa: PLC0415
 
     configure_logging("warning")  # stderr: the parent's keyturn.log
@@ -608,50 +608,49 @@ def child(config_path: Path) -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        started = asyncio.Event()
-        runtimes: list[Any] = []
-        daemon = asyncio.create_task(
-            run_daemon(config, stop, started=started, runtime_out=runtimes)
-        )
-        waiter = asyncio.create_task(started.wait())
-        await asyncio.wait({daemon, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if not started.is_set():
-            waiter.cancel()
-            emit({"event": "failed", "error": repr(daemon.exception())})
-            return 1
-        emit({"event": "started", "since_spawn": time.time() - spawned})
-        scheduler = runtimes[0].scheduler
-        loop.add_signal_handler(
-            signal.SIGUSR1, lambda: emit({"event": "mark", "count": len(scheduler.lateness)})
-        )
-        status = scheduler.status
-        while not stop.is_set():
-            if all(s.last_outcome is not None for s in status.values()):
-                actions = Counter(s.last_outcome.action for s in status.values())
-                dues = [s.next_due for s in status.values() if s.next_due is not None]
-                emit(
-                    {
-                        "event": "first_runs_done",
-                        "since_spawn": time.time() - spawned,
-                        "actions": dict(actions),
-                        "next_due_min": min(dues),
-                        "next_due_max": max(dues),
-                    }
+        started = False
+        try:
+            async with open_daemon(config) as daemon:
+                started = True
+                emit({"event": "started", "since_spawn": time.time() - spawned})
+                scheduler = daemon.scheduler
+                loop.add_signal_handler(
+                    signal.SIGUSR1,
+                    lambda: emit({"event": "mark", "count": len(scheduler.lateness)}),
                 )
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=0.1)
-        code = await daemon
+                while not stop.is_set():
+                    statuses = scheduler.statuses()
+                    if all(s.last_outcome is not None for s in statuses):
+                        actions = Counter(s.last_outcome.action for s in statuses if s.last_outcome)
+                        dues = [s.next_due for s in statuses if s.next_due is not None]
+                        emit(
+                            {
+                                "event": "first_runs_done",
+                                "since_spawn": time.time() - spawned,
+                                "actions": dict(actions),
+                                "next_due_min": min(dues),
+                                "next_due_max": max(dues),
+                            }
+                        )
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=0.1)
+                await stop.wait()  # leaving the block drains in-flight runs, as `keyturn run`
+        except Exception as error:
+            if started:
+                raise
+            emit({"event": "failed", "error": repr(error)})
+            return 1
         emit(
             {
                 "event": "stopped",
-                "code": code,
+                "code": 0,
                 "lateness": list(scheduler.lateness),
                 "lateness_dropped": len(scheduler.lateness) == scheduler.lateness.maxlen,
                 "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             }
         )
-        return code
+        return 0
 
     return asyncio.run(main())
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import httpx
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 Call = Callable[[int], Awaitable[httpx.Response]]
 TICKS = os.sysconf("SC_CLK_TCK")

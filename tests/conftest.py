@@ -13,8 +13,8 @@ from typing import Any
 import hvac
 import pytest
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from keyturn import __version__
 from keyturn.commands import add_log_format_argument
@@ -32,9 +33,34 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "keyturn.commands.import_refresh_token",
         "hand over a refresh token issued elsewhere (read from stdin) and refresh with it",
     ),
-    "sandbox": ("keyturn.sandbox.command", "run the reference service on loopback"),
-    "demo": ("keyturn.demo", "run everything embedded: dev OpenBao, sandbox, the daemon"),
+    "sandbox": ("keyturn_devkit.sandbox.command", "run the reference service on loopback"),
+    "demo": ("keyturn_devkit.demo", "run everything embedded: dev OpenBao, sandbox, the daemon"),
 }
+
+# The package of the sandbox and the demo: keyturn-devkit (devkit/ in keyturn's repository), a
+# distribution of its own, so that a production install carries nothing that serves or fakes
+# secrets.
+DEVKIT = "keyturn_devkit"
+
+
+class DevkitMissing(Exception):
+    """A command whose module is in keyturn-devkit ran where that package is not installed."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(
+            f"keyturn {command} needs the keyturn-devkit package: pip install -e ./devkit "
+            "(from a clone of keyturn), or make demo"
+        )
+
+
+def _command_module(module_name: str) -> ModuleType | None:
+    """A command's module; None for a keyturn-devkit command when that package is absent."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != DEVKIT:
+            raise
+        return None
 
 
 def command_named(argv: Sequence[str]) -> str | None:
@@ -44,7 +70,9 @@ def command_named(argv: Sequence[str]) -> str | None:
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `command`'s module is imported (to add its options), so `keyturn run`
-    never loads the sandbox or the demo's dev servers. None: every command's module."""
+    never loads the sandbox or the demo's dev servers. None: every command's module (a
+    keyturn-devkit command's, when that package is installed). DevkitMissing: `command` is a
+    keyturn-devkit command and that package is not installed."""
     parser = argparse.ArgumentParser(
         prog="keyturn",
         description="Keeps the OAuth tokens and API keys of a third-party API fresh in Vault.",
@@ -61,7 +89,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             name, help=help_text, description=help_text, parents=[common]
         )
         if command is None or name == command:
-            module = importlib.import_module(module_name)
+            module = _command_module(module_name)
+            if module is None:
+                if name == command:
+                    raise DevkitMissing(name)
+                continue
             module.add_arguments(command_parser)
             command_parser.set_defaults(_module=module)
     return parser
@@ -69,7 +101,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(command_named(words) or "").parse_args(words)
+    try:
+        parser = build_parser(command_named(words) or "")
+    except DevkitMissing as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    args = parser.parse_args(words)
     # Warnings only until the command sets its level (from the configuration, or its own
     # option); the format chosen here holds for every later configure_logging in the process.
     configure_logging("warning", fmt=args.log_format)

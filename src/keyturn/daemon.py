@@ -1,18 +1,22 @@
 """The daemon's life: start, run, reload on SIGHUP, drain on SIGTERM.
 
-`run_daemon` builds the runtime from a configuration, starts the scheduler and its
-housekeeping jobs, and waits. A reload (SIGHUP) re-reads the file: added credentials start,
-removed ones stop (their Vault data stays), changed ones run again at once; a file that does
-not load, or that changes what needs a restart ([keyturn], [vault], [metrics]), is refused
-with one log line and the running configuration stays in force. ([[alerts]] changes need a
-restart too.)
+`open_daemon` builds the daemon whole from a configuration (each part before what holds it),
+starts the scheduler and its housekeeping jobs, and hands the started `Daemon` to its caller;
+`run_daemon` (`keyturn run`) serves until stopped. A reload (SIGHUP) re-reads the file: added
+credentials start, removed ones stop (their Vault data stays), changed ones run again at once;
+a file that does not load, or that changes what needs a restart ([keyturn], [vault],
+[metrics]), is refused with one log line and the running configuration stays in force.
+([[alerts]] changes need a restart too.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -23,7 +27,9 @@ from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
-from keyturn.layout import CredentialState, state_path
+from keyturn.events import LoggingObserver, Observers, Suspicious
+from keyturn.jobs.job import Checkpoint, no_checkpoint
+from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
 from keyturn.observability import (
@@ -33,10 +39,10 @@ from keyturn.observability import (
     readiness_check,
 )
 from keyturn.references import ReferenceResolver
-from keyturn.rotation import Checkpoint, no_checkpoint
-from keyturn.runtime import Runtime, build_jobs, open_runtime
+from keyturn.runtime import Context, Runtime, running, vault_store
 from keyturn.scheduler import CredentialScheduler
 from keyturn.sinks import SinkManager
+from keyturn.state import CredentialState
 from keyturn.vault.renewal import expiring_margin
 from keyturn.watch import PublishedWatcher, WatchTarget
 
@@ -60,44 +66,6 @@ def changed_credentials(old: Config, new: Config) -> set[str]:
         ):
             changed.add(credential.name)
     return changed
-
-
-async def reload(runtime: Runtime, path: Path) -> bool:
-    """Apply the configuration in `path`, or refuse it and keep the running one."""
-    scheduler = runtime.scheduler
-    if scheduler is None:
-        return False
-    try:
-        new = load_config(path)
-    except ConfigError as error:
-        log.error("config.reload_refused", reason="; ".join(error.problems))
-        return False
-    old = runtime.config
-    restart = [s for s in RESTART_SECTIONS if getattr(old, s) != getattr(new, s)]
-    if restart:
-        log.error(
-            "config.reload_refused",
-            reason=f"changes to [{'], ['.join(restart)}] need a restart; nothing was changed",
-        )
-        return False
-    try:
-        jobs = await build_jobs(new, runtime.context)
-    except KeyturnError as error:
-        log.error("config.reload_refused", reason=str(error))
-        return False
-    previous = runtime.current
-    runtime.current = jobs
-    summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
-    log.info("config.reloaded", **summary)
-    if runtime.sinks is not None:
-        runtime.sinks.configure(new)
-    if runtime.metrics is not None:
-        runtime.metrics.credentials_configured(len(jobs.jobs))
-        for name in summary["removed"]:
-            runtime.metrics.forget(name)
-    await scheduler.drain(old.keyturn.shutdown_timeout)  # runs still using the old clients
-    await previous.aclose()
-    return True
 
 
 HEARTBEAT_SECONDS = 5.0
@@ -170,6 +138,180 @@ async def background(*periodic: Periodic) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Daemon:
+    """A started daemon, built whole: what embedders (the demo, tests, benchmarks) watch."""
+
+    runtime: Runtime
+    scheduler: CredentialScheduler
+    metrics: PrometheusObserver
+    sinks: SinkManager
+    server: MetricsServer
+    notifier: SystemdNotifier
+
+    async def serve(
+        self, stop: asyncio.Event, reload_requests: asyncio.Queue[None] | None = None
+    ) -> None:
+        """Until `stop` is set; each item put on `reload_requests` reloads the config file."""
+        if reload_requests is None:
+            await stop.wait()
+            return
+        runtime, notifier = self.runtime, self.notifier
+        stopping = asyncio.create_task(stop.wait())
+        while not stop.is_set():
+            request = asyncio.create_task(reload_requests.get())
+            done, _ = await asyncio.wait({stopping, request}, return_when=asyncio.FIRST_COMPLETED)
+            if request in done:
+                notifier.reloading(status=f"reloading {runtime.config.source}")
+                applied = await self.reload(runtime.config.source)
+                notifier.ready(status=_status(runtime, reload_refused=not applied))
+            else:
+                request.cancel()
+
+    async def reload(self, path: Path) -> bool:
+        """Apply the configuration in `path`, or refuse it and keep the running one."""
+        runtime, scheduler = self.runtime, self.scheduler
+        try:
+            new = load_config(path)
+        except ConfigError as error:
+            log.error("config.reload_refused", reason="; ".join(error.problems))
+            return False
+        old = runtime.config
+        restart = [s for s in RESTART_SECTIONS if getattr(old, s) != getattr(new, s)]
+        if restart:
+            log.error(
+                "config.reload_refused",
+                reason=f"changes to [{'], ['.join(restart)}] need a restart; nothing was changed",
+            )
+            return False
+        try:
+            jobs = await runtime.context.build_jobs(new)
+        except KeyturnError as error:
+            log.error("config.reload_refused", reason=str(error))
+            return False
+        previous = runtime.replace_jobs(jobs)
+        summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
+        log.info("config.reloaded", **summary)
+        self.sinks.configure(new)
+        self.metrics.credentials_configured(len(jobs.jobs))
+        for name in summary["removed"]:
+            self.metrics.forget(name)
+        await scheduler.drain(old.keyturn.shutdown_timeout)  # runs still using the old clients
+        await previous.aclose()
+        return True
+
+
+@contextlib.asynccontextmanager
+async def open_daemon(
+    config: Config,
+    *,
+    clock: Clock | None = None,
+    registry: CollectorRegistry | None = None,
+    notifier: SystemdNotifier | None = None,
+    checkpoint: Checkpoint = no_checkpoint,
+) -> AsyncIterator[Daemon]:
+    """Start the daemon: Vault, the jobs, the scheduler and its housekeeping, local sinks,
+    alerts and /metrics; on exit let in-flight runs finish and stop everything.
+
+    Each part is built before what holds it: the metrics, sinks and alert dispatcher over the
+    store, the observers over those, the jobs over the observers, the scheduler over the jobs.
+    `notifier` tells systemd (Type=notify) about start, reloads, stop and liveness; without
+    one, nobody. `checkpoint` is called at each journal point of a rotation (the crash tests
+    stop there)."""
+    clock = clock or SystemClock()
+    notifier = notifier if notifier is not None else SystemdNotifier({})
+    registry = registry if registry is not None else CollectorRegistry()
+    metrics = PrometheusObserver(registry, clock)
+    environ, rng = os.environ, random.Random()  # jitter, not cryptography
+    async with vault_store(
+        config, clock=clock, environ=environ, on_vault_operation=metrics.vault_operation
+    ) as store:
+        # Local files kept equal to what is published: they follow publishes off the refresh
+        # path (`keyturn.sinks`), woken by an observer, and each syncs once when started.
+        sinks = SinkManager(
+            config,
+            store=store,
+            clock=clock,
+            environ=environ,
+            on_result=metrics.sink_write,
+            rng=rng,
+        )
+        dispatcher = await build_dispatcher(
+            config,
+            ReferenceResolver(environ, store),
+            clock=clock,
+            rng=rng,
+            on_delivery=metrics.alert_delivery,
+        )
+        context = Context(
+            store=store,
+            observers=Observers(
+                LoggingObserver(), metrics, sinks.observer(), AlertingObserver(dispatcher)
+            ),
+            clock=clock,
+            rng=rng,
+            environ=environ,
+            checkpoint=checkpoint,
+        )
+        async with running(config, context) as runtime:
+            metrics.credentials_configured(len(runtime.jobs))
+            scheduler = CredentialScheduler(
+                runtime.jobs.values(),
+                clock=clock,
+                max_concurrency=config.keyturn.max_concurrency,
+                on_lateness=metrics.lateness,
+            )
+            scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
+            scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
+            if config.keyturn.watch_interval > 0:
+                scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
+            watchdog = systemd_watchdog(notifier)
+            if watchdog is not None:
+                scheduler.add_periodic("watchdog", watchdog)
+            server = MetricsServer(
+                config.metrics,
+                registry,
+                alive=HeartbeatLiveness(
+                    lambda: metrics.last_heartbeat_monotonic, clock=clock, max_age=LIVENESS_MAX_AGE
+                ),
+                ready=readiness_check(vault=store.health, jobs=scheduler, clock=clock),
+            )
+            daemon = Daemon(runtime, scheduler, metrics, sinks, server, notifier)
+            await dispatcher.start()
+            await server.start()
+            loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
+            if isinstance(clock, SystemClock):
+                guard = WallClockGuard(
+                    clock,
+                    reference=lambda: vault_server_time(config),
+                    on_jump=lambda _step: scheduler.replan(),
+                )
+                loops.append((CLOCK_CHECK_SECONDS, guard.check))
+            try:
+                metrics.heartbeat()
+                sinks.start()
+                scheduler.start()
+                log.info(
+                    "daemon.started",
+                    instance=config.keyturn.instance_id,
+                    credentials=len(runtime.jobs),
+                    metrics=server.url,
+                )
+                notifier.ready(status=_status(runtime))
+                async with background(*loops):
+                    yield daemon
+                notifier.stopping(status="stopping: letting in-flight runs finish")
+                log.info("daemon.stopping")
+                drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
+                log.info("daemon.stopped", drained=drained)
+            finally:
+                # After the drain, so a value the last runs published still reaches its files.
+                await sinks.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+                await server.stop()
+                # After the scheduler's drain, so alerts from the last runs still go out.
+                await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+
+
 async def run_daemon(
     config: Config,
     stop: asyncio.Event,
@@ -177,116 +319,20 @@ async def run_daemon(
     clock: Clock | None = None,
     started: asyncio.Event | None = None,
     reload_requests: asyncio.Queue[None] | None = None,
-    runtime_out: list[Runtime] | None = None,
     registry: CollectorRegistry | None = None,
     notifier: SystemdNotifier | None = None,
     checkpoint: Checkpoint = no_checkpoint,
 ) -> int:
-    """Run until `stop` is set; each item put on `reload_requests` reloads the config file.
-    `started`/`runtime_out` let an embedding (demo, tests, benchmarks) watch. `notifier`
-    tells systemd (Type=notify) about start, reloads, stop and liveness; without one, nobody.
-    `checkpoint` is called at each journal point of a rotation (the crash tests stop there)."""
-    clock = clock or SystemClock()
-    notifier = notifier if notifier is not None else SystemdNotifier({})
-    registry = registry if registry is not None else CollectorRegistry()
-    metrics = PrometheusObserver(registry, clock)
-    async with open_runtime(
-        config,
-        clock=clock,
-        observers=[metrics],
-        on_vault_operation=metrics.vault_operation,
-        checkpoint=checkpoint,
-    ) as runtime:
-        metrics.credentials_configured(len(runtime.jobs))
-        scheduler = CredentialScheduler(
-            runtime.jobs.values(),
-            clock=clock,
-            max_concurrency=config.keyturn.max_concurrency,
-            on_lateness=metrics.lateness,
-        )
-        runtime.scheduler = scheduler
-        runtime.metrics = metrics
-        sinks = local_sinks(runtime, clock, metrics)
-
-        scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
-        scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
-        if config.keyturn.watch_interval > 0:
-            scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
-        watchdog = systemd_watchdog(notifier)
-        if watchdog is not None:
-            scheduler.add_periodic("watchdog", watchdog)
-        server = MetricsServer(
-            config.metrics,
-            registry,
-            alive=HeartbeatLiveness(
-                lambda: metrics.last_heartbeat_monotonic, clock=clock, max_age=LIVENESS_MAX_AGE
-            ),
-            ready=readiness_check(
-                vault=runtime.store.health, observer=metrics, credentials=lambda: list(runtime.jobs)
-            ),
-        )
-        dispatcher = await build_dispatcher(
-            config,
-            ReferenceResolver(runtime.context.environ, runtime.store),
-            clock=clock,
-            rng=runtime.context.rng,
-            on_delivery=metrics.alert_delivery,
-        )
-        runtime.observers.add(AlertingObserver(dispatcher))
-        await dispatcher.start()
-        await server.start()
-        loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
-        if isinstance(clock, SystemClock):
-            guard = WallClockGuard(
-                clock,
-                reference=lambda: vault_server_time(config),
-                on_jump=lambda _step: scheduler.replan(),
-            )
-            loops.append((CLOCK_CHECK_SECONDS, guard.check))
-        try:
-            metrics.heartbeat()
-            sinks.start()
-            scheduler.start()
-            log.info(
-                "daemon.started",
-                instance=config.keyturn.instance_id,
-                credentials=len(runtime.jobs),
-                metrics=server.url,
-            )
-            notifier.ready(status=_status(runtime))
-            if runtime_out is not None:
-                runtime_out.append(runtime)
-            if started is not None:
-                started.set()
-            async with background(*loops):
-                await _serve(runtime, stop, reload_requests, notifier)
-            notifier.stopping(status="stopping: letting in-flight runs finish")
-            log.info("daemon.stopping")
-            drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
-            log.info("daemon.stopped", drained=drained)
-        finally:
-            # After the drain, so a value the last runs published still reaches its files.
-            await sinks.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
-            await server.stop()
-            # After the scheduler's drain, so alerts from the last runs still go out.
-            await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+    """`keyturn run`: the daemon until `stop` is set; each item put on `reload_requests`
+    reloads the config file. `started` is set once it runs (an embedder that watches more
+    uses `open_daemon`). See `open_daemon` for the rest."""
+    async with open_daemon(
+        config, clock=clock, registry=registry, notifier=notifier, checkpoint=checkpoint
+    ) as daemon:
+        if started is not None:
+            started.set()
+        await daemon.serve(stop, reload_requests)
     return 0
-
-
-def local_sinks(runtime: Runtime, clock: Clock, metrics: PrometheusObserver) -> SinkManager:
-    """The credentials' local files, kept equal to what is published: they follow publishes
-    off the refresh path (`keyturn.sinks`), woken by an observer, and each syncs once when
-    started."""
-    sinks = runtime.sinks = SinkManager(
-        runtime.config,
-        store=runtime.store,
-        clock=clock,
-        environ=runtime.context.environ,
-        on_result=metrics.sink_write,
-        rng=runtime.context.rng,
-    )
-    runtime.observers.add(sinks.observer())
-    return sinks
 
 
 def heartbeat(runtime: Runtime, metrics: PrometheusObserver) -> Callable[[], Awaitable[float]]:
@@ -329,13 +375,15 @@ def vault_token_keeper(
             left = expires_at - clock.time()
             # After maintenance: a renewal or a new login has already moved expires_at away.
             if left < expiring_margin(runtime.store.token_ttl(), config.vault.renew_margin):
-                runtime.observers.suspicious(
-                    "",
-                    "",
-                    "vault_token_expiring",
-                    "critical",
-                    f"keyturn's Vault token expires in {max(0.0, left):.0f}s and could not be "
-                    "renewed or replaced",
+                runtime.observers(
+                    Suspicious(
+                        None,
+                        None,
+                        "vault_token_expiring",
+                        "critical",
+                        f"keyturn's Vault token expires in {max(0.0, left):.0f}s and could not "
+                        "be renewed or replaced",
+                    )
                 )
         return delay
 
@@ -349,11 +397,6 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
     def targets() -> list[WatchTarget]:
         return [WatchTarget(c.name, c.provider, c.publish_to) for c in runtime.config.credentials]
 
-    def known_version(name: str) -> int | None:
-        status = scheduler.status.get(name)
-        outcome = status.last_outcome if status else None
-        return outcome.state.published_version if outcome else None
-
     async def journal_version(name: str) -> tuple[int | None, bool]:
         """The published version the journal records, and whether a run holds the lease."""
         entry = await runtime.store.read(
@@ -362,8 +405,7 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         if entry is None:
             return None, False
         state = CredentialState.from_data(entry.data, name)
-        held = state.lease_until is not None and state.lease_until > runtime.context.clock.time()
-        return state.published_version, state.lease_owner is not None and held
+        return state.token.published_version, state.lease.held(runtime.context.clock.time())
 
     async def republish(name: str) -> None:
         kind = runtime.config.credential(name).kind
@@ -374,7 +416,7 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         targets,
         store=runtime.store,
         observer=runtime.observers,
-        known_version=known_version,
+        jobs=scheduler,
         journal_version=journal_version,
         republish=republish,
         response=keyturn.on_external_change,
@@ -386,24 +428,3 @@ def _status(runtime: Runtime, reload_refused: bool = False) -> str:
     """The one line `systemctl status` shows (counts only, never a secret)."""
     line = f"running: {len(runtime.jobs)} credentials"
     return line + ("; last reload refused, see the log" if reload_refused else "")
-
-
-async def _serve(
-    runtime: Runtime,
-    stop: asyncio.Event,
-    reload_requests: asyncio.Queue[None] | None,
-    notifier: SystemdNotifier,
-) -> None:
-    if reload_requests is None:
-        await stop.wait()
-        return
-    stopping = asyncio.create_task(stop.wait())
-    while not stop.is_set():
-        request = asyncio.create_task(reload_requests.get())
-        done, _ = await asyncio.wait({stopping, request}, return_when=asyncio.FIRST_COMPLETED)
-        if request in done:
-            notifier.reloading(status=f"reloading {runtime.config.source}")
-            applied = await reload(runtime, runtime.config.source)
-            notifier.ready(status=_status(runtime, reload_refused=not applied))
-        else:
-            request.cancel()

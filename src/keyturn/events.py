@@ -1,209 +1,219 @@
-"""What happens to credentials, as calls on an `Observer`.
+"""What happens to credentials, as values.
 
-The refresher and scheduler report here; logging, metrics and alert hooks are observers.
-Arguments are names, outcomes and times, never values: an observer cannot leak a secret it
+Each event is a frozen dataclass. An observer is any callable that takes an event and matches
+the ones it cares about (`match event:`, structlog's processor shape), ignoring the rest:
+logging, metrics, alert hooks and sinks are observers, and `Observers` fans an event out to
+them. Fields are names, outcomes and times, never values: an observer cannot leak a secret it
 was never given.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from keyturn.logs import get_logger
 
 
-class Observer(Protocol):
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        """A call to a token endpoint finished; outcome is `success` or an error label."""
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """A call to a token endpoint finished; `outcome` is `success` or an error label."""
 
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        """A new value is readable by apps."""
-
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        """The next run of a credential's job is planned for `due`."""
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        """A run failed; `failures` counts consecutive failures."""
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        """Something that may mean a stolen or tampered credential."""
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        """A rotation step: started, adopted, created, verified, published, retired, failed,
-        verification_failed, awaiting_manual."""
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        """What the journal says about a credential, read at the start of a run (after a
-        restart, or from another instance's work)."""
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        """When the current key or client secret is next due for rotation."""
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        """A rotation took `seconds` from its start to its new key being in use."""
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        """A probe of a credential issued just now answered with HTTP `status`."""
+    credential: str
+    provider: str
+    grant_type: str
+    outcome: str
+    seconds: float
 
 
-class IgnoringObserver:
-    """An `Observer` that ignores every event: subclass it and override the events you act on
-    (sinks act on two, alert hooks on a few)."""
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A new value is readable by apps (for an API key, `expires_at` is its rotate-after
+    time)."""
 
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        return None
+    credential: str
+    provider: str
+    kind: str
+    issued_at: float
+    expires_at: float
 
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        return None
 
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        return None
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """The next run of a credential's job is planned for `due`."""
 
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        return None
+    credential: str
+    provider: str
+    kind: str
+    due: float
 
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        return None
 
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        return None
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A run failed; `failures` counts consecutive failures."""
 
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        return None
+    credential: str
+    provider: str
+    kind: str
+    error: Exception
+    failures: int
 
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        return None
 
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        return None
+@dataclass(frozen=True, slots=True)
+class Suspicious:
+    """Something that may mean a stolen or tampered credential. Some detectors are about
+    keyturn itself (its Vault token running out): those name no credential or provider."""
 
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        return None
+    credential: str | None
+    provider: str | None
+    detector: str
+    severity: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RotationStep:
+    """A rotation step: started, adopted, created, verified, published, retired, failed,
+    verification_failed, awaiting_manual."""
+
+    credential: str
+    provider: str
+    kind: str
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What the journal says about a credential, read at the start of a run (after a restart,
+    or from another instance's work); for an API key, `expires_at` is its rotate-after time."""
+
+    credential: str
+    provider: str
+    kind: str
+    issued_at: float | None
+    expires_at: float | None
+    last_success: float | None
+    failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class RotationPlanned:
+    """When the current key or client secret is next due for rotation (None: never)."""
+
+    credential: str
+    provider: str
+    kind: str
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RotationDuration:
+    """A rotation took `seconds` from its start to its new key being in use."""
+
+    provider: str
+    kind: str
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """A probe of a credential issued just now answered with HTTP `status`."""
+
+    credential: str
+    provider: str
+    status: int
+
+
+Event: TypeAlias = (
+    TokenRequest
+    | Published
+    | Scheduled
+    | Failed
+    | Suspicious
+    | RotationStep
+    | Restored
+    | RotationPlanned
+    | RotationDuration
+    | Probed
+)
+Observer: TypeAlias = Callable[[Event], None]
+
+_FAILED_RESULTS = ("failed", "verification_failed", "awaiting_manual")
 
 
 class LoggingObserver:
-    """Structured log lines for each event (secrets never reach here)."""
+    """Structured log lines for the events worth a line (secrets never reach here)."""
 
     def __init__(self) -> None:
         self._log = get_logger("keyturn.events")
 
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        self._log.debug(
-            "token.request",
-            credential=credential,
-            provider=provider,
-            grant_type=grant_type,
-            outcome=outcome,
-            seconds=round(seconds, 4),
-        )
+    def __call__(self, event: Event) -> None:
+        match event:
+            case TokenRequest():
+                self._log.debug(
+                    "token.request",
+                    credential=event.credential,
+                    provider=event.provider,
+                    grant_type=event.grant_type,
+                    outcome=event.outcome,
+                    seconds=round(event.seconds, 4),
+                )
+            case Published():
+                self._log.info(
+                    "credential.published",
+                    credential=event.credential,
+                    provider=event.provider,
+                    kind=event.kind,
+                    lifetime=round(event.expires_at - event.issued_at, 3),
+                )
+            case Scheduled():
+                self._log.debug("credential.scheduled", credential=event.credential, due=event.due)
+            case Failed():
+                self._log.warning(
+                    "credential.failed",
+                    credential=event.credential,
+                    provider=event.provider,
+                    kind=event.kind,
+                    error=str(event.error),
+                    error_type=type(event.error).__name__,
+                    consecutive_failures=event.failures,
+                )
+            case Suspicious():
+                subject = {"credential": event.credential, "provider": event.provider}
+                self._log.warning(
+                    "suspicious",
+                    **{key: value for key, value in subject.items() if value is not None},
+                    detector=event.detector,
+                    severity=event.severity,
+                    detail=event.detail,
+                )
+            case RotationStep():
+                log = self._log.warning if event.result in _FAILED_RESULTS else self._log.info
+                log(
+                    "rotation." + event.result,
+                    credential=event.credential,
+                    provider=event.provider,
+                    kind=event.kind,
+                )
+            case Probed():
+                self._log.debug(
+                    "credential.probe",
+                    credential=event.credential,
+                    provider=event.provider,
+                    status=event.status,
+                )
 
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        self._log.info(
-            "credential.published",
-            credential=credential,
-            provider=provider,
-            kind=kind,
-            lifetime=round(expires_at - issued_at, 3),
-        )
 
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        self._log.debug("credential.scheduled", credential=credential, due=due)
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        self._log.warning(
-            "credential.failed",
-            credential=credential,
-            provider=provider,
-            kind=kind,
-            error=str(error),
-            error_type=type(error).__name__,
-            consecutive_failures=failures,
-        )
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        self._log.warning(
-            "suspicious",
-            credential=credential,
-            provider=provider,
-            detector=detector,
-            severity=severity,
-            detail=detail,
-        )
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        level = (
-            "warning" if result in ("failed", "verification_failed", "awaiting_manual") else "info"
-        )
-        getattr(self._log, level)(
-            "rotation." + result, credential=credential, provider=provider, kind=kind
-        )
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        self._log.debug("credential.probe", credential=credential, provider=provider, status=status)
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        return None
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        return None
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        return None
+def _named(observer: Observer) -> str:
+    """A function's own name, or an observer object's class name (for the log line)."""
+    name = getattr(observer, "__qualname__", None)
+    return name if isinstance(name, str) else type(observer).__name__
 
 
 class Observers:
-    """Fans every event out to several observers; one failing observer does not stop others."""
+    """An observer that hands every event to several; one failing observer does not stop the
+    others (an observer bug must never stop a refresh)."""
 
     def __init__(self, *observers: Observer) -> None:
         self._observers = list(observers)
@@ -212,60 +222,14 @@ class Observers:
     def add(self, observer: Observer) -> None:
         self._observers.append(observer)
 
-    def _each(self, method: str, *args: object) -> None:
+    def __call__(self, event: Event) -> None:
         for observer in self._observers:
             try:
-                getattr(observer, method)(*args)
-            except Exception as exc:  # an observer bug must never stop a refresh
+                observer(event)
+            except Exception as exc:
                 self._log.error(
-                    "observer.failed", observer=type(observer).__name__, error=repr(exc)
+                    "observer.failed",
+                    observer=_named(observer),
+                    event_type=type(event).__name__,
+                    error=repr(exc),
                 )
-
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        self._each("token_request", credential, provider, grant_type, outcome, seconds)
-
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        self._each("published", credential, provider, kind, issued_at, expires_at)
-
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        self._each("scheduled", credential, provider, kind, due)
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        self._each("failed", credential, provider, kind, error, failures)
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        self._each("suspicious", credential, provider, detector, severity, detail)
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        self._each("rotation", credential, provider, kind, result)
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        self._each("probe", credential, provider, status)
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        self._each(
-            "restored", credential, provider, kind, issued_at, expires_at, last_success, failures
-        )
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        self._each("rotation_planned", credential, provider, kind, at)
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        self._each("rotation_duration", provider, kind, seconds)

@@ -21,7 +21,7 @@ way; `parse_reference` never produces it.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -135,10 +135,13 @@ def _parse_vault(rest: str) -> SecretRef:
 
 
 class VaultFieldReader(Protocol):
-    """Reads one field of a KV v2 secret; implemented by keyturn's Vault store."""
+    """Reads fields of a KV v2 secret; implemented by keyturn's Vault store."""
 
-    async def read_field(self, mount: str, path: str, field: str) -> Secret:
-        """The field's value; raises a `VaultError` if it cannot be read."""
+    async def read_fields(
+        self, mount: str, path: str, fields: Sequence[str]
+    ) -> dict[str, Secret]:
+        """The fields' values, in one read; raises a `KeyturnError` naming the reference if one
+        cannot be read."""
         ...
 
 
@@ -182,14 +185,34 @@ async def resolve(
     ref: SecretRef, *, environ: Mapping[str, str], vault: VaultFieldReader | None
 ) -> Secret:
     """Resolve any reference; `vault` references are read through `vault`."""
-    if ref.scheme != "vault":
-        return resolve_local(ref, environ)
-    if vault is None:
-        raise SecretReferenceError(f"{ref}: a vault reference needs a Vault reader to resolve")
-    value = await vault.read_field(ref.mount, ref.path, ref.field)
-    if not value:
-        raise SecretReferenceError(f"{ref}: the Vault field is empty")
-    return value
+    return (await resolve_all((ref,), environ=environ, vault=vault))[0]
+
+
+async def resolve_all(
+    refs: Sequence[SecretRef], *, environ: Mapping[str, str], vault: VaultFieldReader | None
+) -> list[Secret]:
+    """Resolve several references, in order, reading each Vault path once (a credential's
+    client_id and client_secret usually live side by side in one secret)."""
+    by_path: dict[tuple[str, str], list[str]] = {}
+    for ref in refs:
+        if ref.scheme == "vault":
+            by_path.setdefault((ref.mount, ref.path), []).append(ref.field)
+    read: dict[tuple[str, str], dict[str, Secret]] = {}
+    for (mount, path), wanted in by_path.items():
+        if vault is None:
+            first = next(ref for ref in refs if ref.scheme == "vault")
+            raise SecretReferenceError(f"{first}: a vault reference needs a Vault reader")
+        read[(mount, path)] = await vault.read_fields(mount, path, wanted)
+    values: list[Secret] = []
+    for ref in refs:
+        if ref.scheme != "vault":
+            values.append(resolve_local(ref, environ))
+            continue
+        value = read[(ref.mount, ref.path)][ref.field]
+        if not value:
+            raise SecretReferenceError(f"{ref}: the Vault field is empty")
+        values.append(value)
+    return values
 
 
 class ReferenceResolver:
@@ -201,6 +224,9 @@ class ReferenceResolver:
 
     async def resolve(self, ref: SecretRef) -> Secret:
         return await resolve(ref, environ=self._environ, vault=self._vault)
+
+    async def resolve_all(self, refs: Sequence[SecretRef]) -> list[Secret]:
+        return await resolve_all(refs, environ=self._environ, vault=self._vault)
 
     def resolve_local(self, ref: SecretRef) -> Secret:
         return resolve_local(ref, self._environ)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -21,9 +21,9 @@ from apscheduler.triggers.date import DateTrigger
 
 from keyturn.clock import Clock
 from keyturn.errors import VaultAuthError, VaultUnavailable
-from keyturn.job import Outcome
-from keyturn.layout import CredentialState
+from keyturn.jobs.job import Outcome
 from keyturn.logs import get_logger
+from keyturn.state import CredentialState
 
 
 class Runnable(Protocol):
@@ -32,17 +32,37 @@ class Runnable(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def kind(self) -> str: ...
+
     async def run(self, *, force: bool | Collection[str] = False) -> Outcome: ...
 
 
 @dataclass(slots=True)
-class JobStatus:
-    """What the scheduler knows about one credential, for status and readiness."""
+class _JobStatus:
+    """What the scheduler keeps about one credential while it runs it."""
 
     next_due: float | None = None
     last_outcome: Outcome | None = None
     running: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A read-only copy of what the scheduler knows about one credential, for readiness and
+    the watcher: they read it, only the scheduler changes it."""
+
+    name: str
+    kind: str
+    next_due: float | None
+    last_outcome: Outcome | None
+    running: bool
+
+    @property
+    def state(self) -> CredentialState | None:
+        """The record as the last finished run left it (None before the first run ends)."""
+        return self.last_outcome.state if self.last_outcome is not None else None
 
 
 class CredentialScheduler:
@@ -58,7 +78,7 @@ class CredentialScheduler:
         on_lateness: Callable[[float], None] | None = None,
     ) -> None:
         self._jobs = {job.name: job for job in jobs}
-        self._status = {name: JobStatus() for name in self._jobs}
+        self._status = {name: _JobStatus() for name in self._jobs}
         self._clock = clock
         self._slots = asyncio.Semaphore(max_concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -76,9 +96,16 @@ class CredentialScheduler:
         # again as soon as Vault answers (`wake`), not when their backoff ends.
         self.waiting_for_vault: set[str] = set()
 
-    @property
-    def status(self) -> dict[str, JobStatus]:
-        return self._status
+    def status_of(self, name: str) -> JobView | None:
+        """What the scheduler knows about credential `name` now (None: not configured)."""
+        job, status = self._jobs.get(name), self._status.get(name)
+        if job is None or status is None:
+            return None
+        return JobView(name, job.kind, status.next_due, status.last_outcome, status.running)
+
+    def statuses(self) -> list[JobView]:
+        """`status_of` for every configured credential, in configuration order."""
+        return [view for name in self._jobs if (view := self.status_of(name)) is not None]
 
     def start(self) -> None:
         """Plan every credential's first run now (it decides itself whether work is due)."""
@@ -117,7 +144,7 @@ class CredentialScheduler:
                 self._scheduler.remove_job(f"credential:{name}")
         now = self._clock.time()
         for name in added:
-            self._status[name] = JobStatus()
+            self._status[name] = _JobStatus()
         for name in added + rerun:
             self._plan(name, now)
         return {"added": added, "removed": removed, "changed": rerun}
@@ -210,9 +237,10 @@ class CredentialScheduler:
                 outcome = await job.run(force=force)
             except Exception as exc:  # a bug in one credential's run must not stop its schedule
                 self._log.exception("job.crashed", credential=name, error=type(exc).__name__)
-                outcome = Outcome(
-                    "failed", self._clock.time() + 30.0, CredentialState(phase="failing")
-                )
+                # The record is as the last run left it: what apps read did not change.
+                last = status.last_outcome.state if status.last_outcome else CredentialState()
+                failing = replace(last, token=replace(last.token, phase="failing"))
+                outcome = Outcome("failed", self._clock.time() + 30.0, failing)
             finally:
                 status.running = False
             status.last_outcome = outcome

@@ -3,8 +3,8 @@ run after each write (to reload the app that reads the file).
 
 How it fits in:
 
-- `SinkObserver` is one of the runtime's observers. `published` (keyturn just made a new value
-  readable) and `restored` with times not seen before (another instance, or `keyturn refresh`
+- `SinkObserver` is one of the runtime's observers. `Published` (keyturn just made a new value
+  readable) and `Restored` with times not seen before (another instance, or `keyturn refresh`
   beside the daemon, published) only wake that credential's worker: the value never travels
   through an event, and the run that reported it never waits for a file or a command.
 - One worker task per credential with sinks. Woken, it reads the credential's published path
@@ -47,12 +47,12 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from keyturn.clock import Clock, parse_rfc3339
 from keyturn.config.schema import Config, CredentialConfig, HookConfig, SinkConfig
 from keyturn.errors import KeyturnError
-from keyturn.events import IgnoringObserver, Observer
+from keyturn.events import Event, Published, Restored
 from keyturn.logs import get_logger
 from keyturn.policy import BackoffPolicy, backoff_delay
 from keyturn.rotators.exec import (
@@ -717,33 +717,17 @@ class SinkManager:
         return report
 
 
-class SinkObserver(IgnoringObserver):
-    """The runtime observer that wakes sinks: `published` always, `restored` when the journal
-    holds times this process has not seen (someone else published). Nothing else matters to
-    sinks; every event returns at once."""
+class SinkObserver:
+    """The runtime observer that wakes sinks: `Published` always, `Restored` when the journal
+    holds times this process has not seen (someone else published). No other event matters
+    to sinks; every event returns at once."""
 
     def __init__(self, manager: SinkManager) -> None:
         self._manager = manager
 
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        self._manager.published(credential, issued_at, expires_at)
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int,
-    ) -> None:
-        self._manager.saw(credential, issued_at, expires_at)
-
-
-if TYPE_CHECKING:  # mypy proves the observer satisfies the protocol
-
-    def _conforms(observer: SinkObserver) -> Observer:
-        return observer
+    def __call__(self, event: Event) -> None:
+        match event:
+            case Published(credential=name, issued_at=issued_at, expires_at=expires_at):
+                self._manager.published(name, issued_at, expires_at)
+            case Restored(credential=name, issued_at=issued_at, expires_at=expires_at):
+                self._manager.saw(name, issued_at, expires_at)

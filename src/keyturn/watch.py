@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from keyturn.errors import KeyturnError
-from keyturn.events import Observer
+from keyturn.events import Observer, Suspicious
 from keyturn.layout import MANAGED_BY
 from keyturn.logs import get_logger
+from keyturn.scheduler import JobView
 from keyturn.vault.store import KvMetadata, KvStore
 
 Response = Literal["republish", "alert"]
@@ -54,8 +55,16 @@ def findings(metadata: KvMetadata | None, known_version: int, credential: str) -
     return found
 
 
+class JobLookup(Protocol):
+    """Where the watcher reads what this process last published (the scheduler)."""
+
+    def status_of(self, name: str) -> JobView | None: ...
+
+
 class PublishedWatcher:
-    """Sweeps published paths; `sweep` is a periodic job returning the delay to the next."""
+    """Sweeps published paths; `sweep` is a periodic job returning the delay to the next.
+    What keyturn last wrote is the published version in the record its job's last run left
+    (`jobs.status_of`)."""
 
     def __init__(
         self,
@@ -63,7 +72,7 @@ class PublishedWatcher:
         *,
         store: KvStore,
         observer: Observer,
-        known_version: Callable[[str], int | None],
+        jobs: JobLookup,
         journal_version: Callable[[str], Awaitable[tuple[int | None, bool]]],
         republish: Callable[[str], Awaitable[object]],
         response: Response,
@@ -72,7 +81,7 @@ class PublishedWatcher:
         self._targets = targets  # read at every sweep: a reload changes them
         self._store = store
         self._observer = observer
-        self._known = known_version
+        self._jobs = jobs
         self._journal_version = journal_version
         self._republish = republish
         self._response = response
@@ -89,7 +98,8 @@ class PublishedWatcher:
         return self._interval
 
     async def check(self, target: WatchTarget) -> list[str]:
-        known = self._known(target.name)
+        status = self._jobs.status_of(target.name)
+        known = status.state.token.published_version if status and status.state else None
         if known is None:
             return []  # never published by this process yet: nothing to compare with
         metadata = await self._store.read_metadata(target.publish_to, consistent=True)
@@ -113,13 +123,8 @@ class PublishedWatcher:
         severity = (
             "critical" if any("deleted" in f or "destroyed" in f for f in found) else "warning"
         )
-        self._observer.suspicious(
-            target.name,
-            target.provider,
-            DETECTOR,
-            severity,
-            "; ".join(found) + f"; response: {self._response}",
-        )
+        detail = "; ".join(found) + f"; response: {self._response}"
+        self._observer(Suspicious(target.name, target.provider, DETECTOR, severity, detail))
         if self._response == "republish":
             await self._republish(target.name)
         return found

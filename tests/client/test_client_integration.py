@@ -27,10 +27,10 @@ from keyturn_client import Credential, CredentialUnavailable
 from keyturn_client.httpx import KeyturnAuth as HttpxAuth
 from keyturn_client.requests import KeyturnAuth as RequestsAuth
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
-from keyturn.testing.vault_proxy import FaultyVaultProxy
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.harness.vault_proxy import FaultyVaultProxy
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from keyturn.dev.raft import OpenBaoRaftCluster
+from keyturn_devkit.dev.raft import OpenBaoRaftCluster
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,11 @@ from keyturn.alerts.model import Alert
 from keyturn.alerts.observer import AlertingObserver
 from keyturn.clock import SystemClock
 from keyturn.config import parse_config
-from keyturn.dev.alertmanager import AlertmanagerServer
+from keyturn.events import Failed, Published, Suspicious
 from keyturn.policy import BackoffPolicy
 from keyturn.references import ReferenceResolver
 from keyturn.secret import Secret
+from keyturn_devkit.dev.alertmanager import AlertmanagerServer
 
 CLOCK = SystemClock()
 ROUTING_KEY = "pd-routing-key-0123456789"
@@ -145,9 +146,9 @@ routing_key = "env:PD_KEY"
     counts: list[tuple[str, DeliveryResult]] = []
     dispatcher = await dispatcher_from(text, environ, counts)
     observer = AlertingObserver(dispatcher)
-    observer.suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client")
-    observer.suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client")
-    observer.published("reporting", "acme", "oauth_client", CLOCK.time(), CLOCK.time() + 60)
+    observer(Suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client"))
+    observer(Suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client"))
+    observer(Published("reporting", "acme", "oauth_client", CLOCK.time(), CLOCK.time() + 60))
     await until(lambda: sum(len(v) for v in receiver.posts.values()) == 6)
     assert await dispatcher.stop(5)
 
@@ -241,7 +242,7 @@ url = "{alertmanager.url}"
     counts: list[tuple[str, DeliveryResult]] = []
     dispatcher = await dispatcher_from(text, {}, counts)
     observer = AlertingObserver(dispatcher)
-    observer.failed("reporting", "acme", "oauth_client", RuntimeError(), 5)
+    observer(Failed("reporting", "acme", "oauth_client", RuntimeError(), 5))
 
     def ours() -> list[dict[str, Any]]:
         return [
@@ -266,7 +267,7 @@ url = "{alertmanager.url}"
     assert active["annotations"]["runbook_url"].endswith("#keyturncredentialfailing")
     assert active["status"]["state"] == "active"
 
-    observer.published("reporting", "acme", "oauth_client", CLOCK.time(), CLOCK.time() + 60)
+    observer(Published("reporting", "acme", "oauth_client", CLOCK.time(), CLOCK.time() + 60))
     await until(lambda: ours() == [])  # resolved: no longer among the active alerts
     assert await dispatcher.stop(5)
     assert counts == [("am", "success"), ("am", "success")]

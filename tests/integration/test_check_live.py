@@ -18,17 +18,17 @@ import hvac.exceptions
 import pytest
 
 from keyturn.clock import rfc3339
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
-from keyturn.testing.key_rotation import (
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.harness.key_rotation import (
     SANDBOX_ROTATORS,
     ApiKeySpec,
     KeyDeployment,
     prepare_key_deployment,
     run_keyturn,
 )
-from keyturn.testing.receiver import AlertReceiver
+from keyturn_devkit.harness.receiver import AlertReceiver
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox]
 

@@ -12,10 +12,10 @@ import hvac
 import pytest
 
 from keyturn.clock import parse_rfc3339
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import Deployment, prepare_deployment
-from keyturn.testing.key_rotation import run_keyturn
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import Deployment, prepare_deployment
+from keyturn_devkit.harness.key_rotation import run_keyturn
 
 WRONG_SECRET = f"wrong-secret-{uuid.uuid4().hex}"
 

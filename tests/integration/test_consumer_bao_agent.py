@@ -49,11 +49,11 @@ import hvac.exceptions
 import pytest
 
 from keyturn.clock import parse_rfc3339
-from keyturn.dev.agent import BaoAgent, agent_render_interval, max_consumer_lag
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
 from keyturn.policy import RefreshPolicy
-from keyturn.testing.deployment import DaemonProcess, prepare_deployment
+from keyturn_devkit.dev.agent import BaoAgent, agent_render_interval, max_consumer_lag
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

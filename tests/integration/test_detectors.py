@@ -31,10 +31,10 @@ import hvac
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxAdmin, SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
-from keyturn.testing.receiver import AlertReceiver
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxAdmin, SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.harness.receiver import AlertReceiver
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

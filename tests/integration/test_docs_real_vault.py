@@ -1,7 +1,7 @@
 """docs/vault.md, "Setting up Vault for keyturn", followed as written on a real OpenBao server.
 
 The server is not a dev server: Raft storage, a TLS listener with a certificate from a
-throwaway CA, initialised and unsealed, nothing mounted (`keyturn.dev.tls.OpenBaoTLSServer`).
+throwaway CA, initialised and unsealed, nothing mounted (`keyturn_devkit.dev.tls.OpenBaoTLSServer`).
 Every `sh` block of the section runs, in order, in one bash script, with only the example
 values replaced (`EXAMPLES`): the Vault address, `/etc/keyturn`, keyturn's network, the client
 id. The client secret is typed on stdin, as the docs ask. The configuration is the section's
@@ -37,9 +37,9 @@ import hvac
 import hvac.exceptions
 import pytest
 
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.dev.tls import OpenBaoTLSServer
-from keyturn.testing.deployment import DaemonProcess
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.tls import OpenBaoTLSServer
+from keyturn_devkit.harness.deployment import DaemonProcess
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

@@ -34,12 +34,12 @@ import hvac
 import hvac.exceptions
 import pytest
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.apps import AppRead, AppSampler
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
-from keyturn.testing.faketime import FakeWallClock
-from keyturn.testing.vault_proxy import FaultyVaultProxy, ProxiedRequest
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.apps import AppRead, AppSampler
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.harness.faketime import FakeWallClock
+from keyturn_devkit.harness.vault_proxy import FaultyVaultProxy, ProxiedRequest
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow, pytest.mark.serial]
 

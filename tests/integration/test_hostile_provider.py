@@ -20,8 +20,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from keyturn.clock import SystemClock
+from keyturn.config import ProviderConfig
 from keyturn.errors import MalformedResponse, ProviderUnavailable
-from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.providers.client import ProviderClient
 from keyturn.providers.http import pooled_client, send_bounded
 from keyturn.secret import Secret
 
@@ -100,7 +101,7 @@ async def server() -> AsyncIterator[HostileServer]:
 
 @pytest.fixture
 async def client(server: HostileServer) -> AsyncIterator[ProviderClient]:
-    settings = ProviderSettings(name="hostile", base_url=server.url, timeout=1.0)
+    settings = ProviderConfig(name="hostile", base_url=server.url, timeout=1.0)
     provider = ProviderClient(settings, clock=SystemClock())
     try:
         yield provider
@@ -294,7 +295,7 @@ async def test_a_closed_port_is_not_answer_lost() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = ProviderSettings(name="gone", base_url=f"http://127.0.0.1:{port}", timeout=5.0)
+    settings = ProviderConfig(name="gone", base_url=f"http://127.0.0.1:{port}", timeout=5.0)
     client = ProviderClient(settings, clock=SystemClock())
     try:
         with pytest.raises(ProviderUnavailable) as caught:

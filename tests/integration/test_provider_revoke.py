@@ -9,10 +9,11 @@ from typing import Literal
 import pytest
 
 from keyturn.clock import SystemClock
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn.config import ProviderConfig
 from keyturn.errors import OAuthError, ProviderUnavailable
-from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.providers.client import ProviderClient
 from keyturn.secret import Secret
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 
@@ -26,7 +27,7 @@ async def make_client(sandbox: SandboxProcess) -> AsyncIterator[ClientFactory]:
     def make(
         client_auth: Literal["body", "basic"] = "body", revoke_path: str | None = "/oauth/revoke"
     ) -> ProviderClient:
-        settings = ProviderSettings(
+        settings = ProviderConfig(
             name="sandbox",
             base_url=sandbox.base_url,
             client_auth=client_auth,

@@ -11,7 +11,7 @@ from pathlib import Path
 import hvac
 import pytest
 
-from keyturn.testing.deployment import DaemonProcess, prepare_deployment
+from keyturn_devkit.harness.deployment import DaemonProcess, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

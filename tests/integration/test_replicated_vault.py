@@ -25,13 +25,13 @@ import hvac
 import pytest
 
 from keyturn.clock import SystemClock, parse_rfc3339
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.raft import OpenBaoRaftCluster, RaftNode
-from keyturn.dev.sandbox import SandboxProcess
 from keyturn.errors import VaultCasConflict, VaultError
 from keyturn.secret import Secret
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
 from keyturn.vault import VaultAuth, VaultConnection, VaultStore
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.raft import OpenBaoRaftCluster, RaftNode
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.slow]
 
@@ -170,7 +170,7 @@ async def test_a_list_of_all_nodes_survives_a_stopped_node(
             entry = await store.read(path, consistent=True)
             assert entry is not None and entry.version == version
             assert await store.read(path) is not None
-            assert await store.read_field("secret", path, "n") is not None
+            assert await store.read_fields("secret", path, ("n",))
         assert store._client.home != first.address
     finally:
         await store.close()

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 
 from keyturn.clock import parse_rfc3339
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess
-from keyturn.testing.key_rotation import (
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess
+from keyturn_devkit.harness.key_rotation import (
     SANDBOX_ROTATORS,
     ApiKeySpec,
     KeyDeployment,

@@ -5,9 +5,9 @@ a real `keyturn run` against a real OpenBao and the sandbox, rotating an API key
 rotator of docs/configuration.md's worked example:
 
 1. a first daemon creates and publishes the first key, and is stopped (SIGTERM);
-2. a second daemon, started through `keyturn.testing.paused_daemon <point>` (the daemon with a
-   checkpoint that stops there), begins the second rotation (the first with a previous key, so
-   `retiring` and `revoked` exist), logs `test.paused` there, and is killed with SIGKILL;
+2. a second daemon, started through `keyturn_devkit.harness.paused_daemon <point>` (the daemon
+   with a checkpoint that stops there), begins the second rotation (the first with a previous
+   key, so `retiring` and `revoked` exist), logs `test.paused` there, and is killed with SIGKILL;
 3. a third daemon resumes: the interrupted rotation completes, the previous key is revoked
    after its grace, and the next scheduled rotation runs normally too.
 
@@ -32,16 +32,16 @@ import httpx
 import hvac
 import pytest
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.rotation import CHECKPOINTS
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn.jobs.rotation import CHECKPOINTS
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 
 CREDENTIAL = "crash-key"
 MAX_AGE = 3.0  # seconds: the next rotation is due this long after a key is published
-PAUSED_DAEMON = "keyturn.testing.paused_daemon"  # `keyturn run`, stopped at one checkpoint
+PAUSED_DAEMON = "keyturn_devkit.harness.paused_daemon"  # `keyturn run`, stopped at one checkpoint
 GRACE = 1.0  # seconds the previous key stays valid after the new one is published
 
 # Where the journal in Vault stands while the daemon is paused (then killed) at each point:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 

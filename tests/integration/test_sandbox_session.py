@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keyturn.dev.sandbox import SandboxProcess
+from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 
@@ -117,7 +117,7 @@ def test_a_bad_config_file_exits_2_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "sandbox.toml"
     config.write_text("access_token_lifetime = -5\n[rate_limits]\ntoken = 3\n")
     result = subprocess.run(
-        [sys.executable, "-m", "keyturn.sandbox", "--port", "0", "--config", str(config)],
+        [sys.executable, "-m", "keyturn_devkit.sandbox", "--port", "0", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -130,7 +130,7 @@ def test_a_bad_config_file_exits_2_naming_the_key(tmp_path: Path) -> None:
 
 def test_without_a_bootstrap_file_the_credentials_are_printed_once(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "keyturn.sandbox", "--port", "0"],
+        [sys.executable, "-m", "keyturn_devkit.sandbox", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

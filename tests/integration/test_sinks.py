@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from keyturn.clock import parse_rfc3339
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

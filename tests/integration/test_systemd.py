@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "keyturn.service"

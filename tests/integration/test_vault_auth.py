@@ -20,12 +20,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from keyturn.clock import FakeClock, SystemClock
-from keyturn.dev.openbao import OpenBaoDevServer
-from keyturn.dev.ports import free_port_pair
 from keyturn.errors import VaultAuthError, VaultUnavailable
 from keyturn.secret import Secret
 from keyturn.vault import VaultAuth, VaultConnection, VaultStore
 from keyturn.vault.auth import NO_EXPIRY_CHECK
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.ports import free_port_pair
 
 pytestmark = pytest.mark.openbao
 

@@ -16,7 +16,6 @@ import hvac
 import pytest
 
 from keyturn.clock import SystemClock
-from keyturn.dev.ports import free_port_pair
 from keyturn.errors import (
     SecretReferenceError,
     VaultCasConflict,
@@ -26,6 +25,7 @@ from keyturn.errors import (
 from keyturn.secret import Secret
 from keyturn.testing import FakeVaultStore
 from keyturn.vault import KvStore, VaultAuth, VaultConnection, VaultStore
+from keyturn_devkit.dev.ports import free_port_pair
 
 Policy = Mapping[str, Sequence[str]]
 
@@ -251,25 +251,30 @@ async def test_delete_all_removes_every_version_and_the_metadata(backend: Backen
     await backend.store.delete_all(backend.path("never-written"))  # no error
 
 
-async def test_read_field_returns_a_secret(backend: Backend) -> None:
+async def test_read_fields_returns_secrets(backend: Backend) -> None:
     path = backend.path("inputs")
-    await backend.store.write(path, {"client_secret": "cs-1"}, cas=0)
-    value = await backend.store.read_field("secret", path, "client_secret")
-    assert isinstance(value, Secret)
-    assert value.reveal() == "cs-1"
+    await backend.store.write(path, {"client_id": "cid-1", "client_secret": "cs-1"}, cas=0)
+    values = await backend.store.read_fields("secret", path, ("client_id", "client_secret"))
+    assert all(isinstance(value, Secret) for value in values.values())
+    assert {k: v.reveal() for k, v in values.items()} == {
+        "client_id": "cid-1",
+        "client_secret": "cs-1",
+    }
 
 
 @pytest.mark.parametrize(
     ("mount", "name", "field"),
     [("secret", "inputs", "nope"), ("secret", "absent", "client_secret"), ("nomount", "x", "f")],
 )
-async def test_read_field_errors_name_the_reference(
+async def test_read_fields_errors_name_the_reference(
     backend: Backend, mount: str, name: str, field: str
 ) -> None:
     await backend.store.write(backend.path("inputs"), {"client_secret": "cs-1"}, cas=None)
     path = backend.path(name)
+    # Where the secret exists, a field that is there comes first: the error names the other.
+    fields = ("client_secret", field) if name == "inputs" else (field,)
     with pytest.raises(SecretReferenceError) as caught:
-        await backend.store.read_field(mount, path, field)
+        await backend.store.read_fields(mount, path, fields)
     assert f"vault:{mount}/{path}#{field}" in str(caught.value)
     assert "cs-1" not in str(caught.value)
 
@@ -281,7 +286,7 @@ async def test_bad_paths_are_rejected_before_any_call(backend: Backend, bad: str
     with pytest.raises(ValueError):
         await backend.store.write(bad, {"a": "1"}, cas=None)
     with pytest.raises(ValueError):
-        await backend.store.read_field("secret", bad, "a")
+        await backend.store.read_fields("secret", bad, ("a",))
 
 
 async def test_non_string_values_are_rejected(backend: Backend) -> None:

@@ -23,9 +23,9 @@ import hvac
 import hvac.exceptions
 import pytest
 
-from keyturn.dev.openbao import OpenBaoDevServer, bao_binary
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import Deployment, prepare_deployment
+from keyturn_devkit.dev.openbao import OpenBaoDevServer, bao_binary
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox]
 

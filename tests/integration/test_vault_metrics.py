@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from keyturn.clock import SystemClock
-from keyturn.dev.openbao import OpenBaoDevServer
 from keyturn.errors import SecretReferenceError, VaultCasConflict, VaultPermissionDenied
 from keyturn.observability import PrometheusObserver
 from keyturn.secret import Secret
 from keyturn.vault import VaultAuth, VaultConnection, VaultStore
+from keyturn_devkit.dev.openbao import OpenBaoDevServer
 
 pytestmark = pytest.mark.openbao
 
@@ -79,9 +79,9 @@ async def test_every_store_call_reports_its_operation_and_result(
 
     await store.read(path)
     await store.read_metadata(path)
-    await store.read_field("secret", path, "a")
+    await store.read_fields("secret", path, ("a",))
     with pytest.raises(SecretReferenceError):
-        await store.read_field("secret", f"{path}-missing", "a")
+        await store.read_fields("secret", f"{path}-missing", ("a",))
     await store.capabilities([path])
     await store.health()
     await store.delete_all(path)

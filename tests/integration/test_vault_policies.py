@@ -29,9 +29,9 @@ import pytest
 
 from keyturn.commands.check import required_capabilities
 from keyturn.config import load_config
-from keyturn.dev.openbao import OpenBaoDevServer, bao_binary
-from keyturn.dev.sandbox import SandboxProcess
-from keyturn.testing.deployment import DaemonProcess, Deployment, prepare_deployment
+from keyturn_devkit.dev.openbao import OpenBaoDevServer, bao_binary
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
 
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 

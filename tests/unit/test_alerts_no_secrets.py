@@ -24,6 +24,7 @@ from keyturn.alerts.hooks import (
 from keyturn.alerts.observer import AlertingObserver
 from keyturn.clock import FakeClock
 from keyturn.errors import KeyturnError, OAuthError, VaultError
+from keyturn.events import Failed, Published, RotationStep, Suspicious
 from keyturn.logs import configure_logging
 from keyturn.secret import Secret
 from keyturn.testing.alerts import RecordingTransport
@@ -91,14 +92,16 @@ async def test_no_secret_reaches_a_payload_or_a_log_line() -> None:
             OSError(f"cannot open /run/keys/{API_KEY}"),  # not keyturn's: named by type only
         ]
         for n, error in enumerate(errors, start=3):
-            observer.failed("app", "acme", "oauth_client", error, n)
-        observer.suspicious(
-            "app", "acme", "grant_drift", "warning", f"token came back as token={ACCESS_TOKEN}"
+            observer(Failed("app", "acme", "oauth_client", error, n))
+        observer(
+            Suspicious(
+                "app", "acme", "grant_drift", "warning", f"token came back as token={ACCESS_TOKEN}"
+            )
         )
-        observer.suspicious("app", "acme", "client_rejected", "critical", "invalid_client")
-        observer.rotation("app", "acme", "api_key", "awaiting_manual")
-        observer.published("app", "acme", "oauth_client", T0, T0 + 3600)
-        observer.rotation("app", "acme", "api_key", "published")
+        observer(Suspicious("app", "acme", "client_rejected", "critical", "invalid_client"))
+        observer(RotationStep("app", "acme", "api_key", "awaiting_manual"))
+        observer(Published("app", "acme", "oauth_client", T0, T0 + 3600))
+        observer(RotationStep("app", "acme", "api_key", "published"))
         idle = asyncio.ensure_future(dispatcher.idle())
         for _ in range(500):  # retries back off on the fake clock: move it along
             if idle.done():

@@ -21,10 +21,23 @@ from keyturn.alerts.observer import AlertingObserver
 from keyturn.clock import FakeClock
 from keyturn.config.schema import HttpCall, HttpRotatorConfig, ProviderConfig
 from keyturn.errors import KeyturnError, OAuthError, VerificationFailed
-from keyturn.events import LoggingObserver, Observers
+from keyturn.events import (
+    Failed,
+    LoggingObserver,
+    Observers,
+    Probed,
+    Published,
+    Restored,
+    RotationDuration,
+    RotationPlanned,
+    RotationStep,
+    Scheduled,
+    Suspicious,
+    TokenRequest,
+)
+from keyturn.jobs.steps import verify_with_probe
 from keyturn.logs import configure_logging
-from keyturn.providers.client import ProviderClient, ProviderSettings
-from keyturn.refresher import verify_with_probe
+from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import RotationRequest
 from keyturn.rotators.http import HttpRotator
 from keyturn.secret import PLACEHOLDER, Secret
@@ -50,7 +63,7 @@ async def sent(dispatcher: AlertDispatcher, hook: MemoryHook) -> list[tuple[str,
 
 async def test_suspicious_fires_the_detector_alert(wired) -> None:
     observer, dispatcher, hook = wired
-    observer.suspicious("reporting", "acme", "refresh_token_rejected", "critical", "invalid_grant")
+    observer(Suspicious("reporting", "acme", "refresh_token_rejected", "critical", "invalid_grant"))
     assert await sent(dispatcher, hook) == [("KeyturnRefreshTokenRejected", "firing", "critical")]
     [alert] = hook.delivered
     assert (alert.credential, alert.provider, alert.detector) == (
@@ -65,7 +78,7 @@ async def test_suspicious_fires_the_detector_alert(wired) -> None:
 
 async def test_an_unknown_severity_word_becomes_warning(wired) -> None:
     observer, dispatcher, hook = wired
-    observer.suspicious("c", "p", "grant_drift", "severe", "scope")
+    observer(Suspicious("c", "p", "grant_drift", "severe", "scope"))
     assert await sent(dispatcher, hook) == [("KeyturnGrantDrift", "firing", "warning")]
 
 
@@ -73,7 +86,7 @@ async def test_failures_fire_credential_failing_then_critical(wired) -> None:
     observer, dispatcher, hook = wired
     error = OAuthError("invalid_client", credential="reporting", status=401)
     for failures in range(1, 7):
-        observer.failed("reporting", "acme", "oauth_client", error, failures)
+        observer(Failed("reporting", "acme", "oauth_client", error, failures))
     assert await sent(dispatcher, hook) == [
         ("KeyturnCredentialFailing", "firing", "warning"),  # at 3
         ("KeyturnCredentialFailing", "firing", "critical"),  # at 5
@@ -84,7 +97,7 @@ async def test_failures_fire_credential_failing_then_critical(wired) -> None:
 
 async def test_a_foreign_error_is_named_by_type_only(wired) -> None:
     observer, dispatcher, hook = wired
-    observer.failed("c", "p", "oauth_client", OSError("/some/path/with-a-token-abc"), 3)
+    observer(Failed("c", "p", "oauth_client", OSError("/some/path/with-a-token-abc"), 3))
     await sent(dispatcher, hook)
     assert hook.delivered[0].summary == "c: 3 consecutive failed runs; last: OSError"
 
@@ -92,12 +105,12 @@ async def test_a_foreign_error_is_named_by_type_only(wired) -> None:
 async def test_publishing_resolves_what_publishing_clears(wired) -> None:
     observer, dispatcher, hook = wired
     error = VerificationFailed("probe said 401", credential="c", status=401)
-    observer.failed("c", "p", "oauth_client", error, 3)
-    observer.suspicious("c", "p", "fresh_credential_rejected", "critical", "401 on /v1/users")
-    observer.suspicious("c", "p", "client_rejected", "critical", "invalid_client")
-    observer.suspicious("c", "p", "published_secret_changed", "warning", "version jump")
-    observer.published("other", "p", "oauth_client", T0, T0 + 3600)  # another credential
-    observer.published("c", "p", "oauth_client", T0, T0 + 3600)
+    observer(Failed("c", "p", "oauth_client", error, 3))
+    observer(Suspicious("c", "p", "fresh_credential_rejected", "critical", "401 on /v1/users"))
+    observer(Suspicious("c", "p", "client_rejected", "critical", "invalid_client"))
+    observer(Suspicious("c", "p", "published_secret_changed", "warning", "version jump"))
+    observer(Published("other", "p", "oauth_client", T0, T0 + 3600))  # another credential
+    observer(Published("c", "p", "oauth_client", T0, T0 + 3600))
     result = await sent(dispatcher, hook)
     resolved = sorted(name for name, status, _ in result if status == "resolved")
     assert resolved == [
@@ -112,12 +125,12 @@ async def test_publishing_resolves_what_publishing_clears(wired) -> None:
 
 async def test_manual_rotation_due_until_the_new_key_is_published(wired) -> None:
     observer, dispatcher, hook = wired
-    observer.rotation("legacy", "acme", "api_key", "started")
-    observer.rotation("legacy", "acme", "api_key", "awaiting_manual")
-    observer.rotation("legacy", "acme", "api_key", "awaiting_manual")
+    observer(RotationStep("legacy", "acme", "api_key", "started"))
+    observer(RotationStep("legacy", "acme", "api_key", "awaiting_manual"))
+    observer(RotationStep("legacy", "acme", "api_key", "awaiting_manual"))
     assert set(dispatcher.active) == {fingerprint("manual_rotation_due", "legacy", "acme")}
-    observer.rotation("legacy", "acme", "api_key", "verified")
-    observer.rotation("legacy", "acme", "api_key", "published")
+    observer(RotationStep("legacy", "acme", "api_key", "verified"))
+    observer(RotationStep("legacy", "acme", "api_key", "published"))
     assert await sent(dispatcher, hook) == [
         ("KeyturnManualRotationDue", "firing", "warning"),
         ("KeyturnManualRotationDue", "resolved", "warning"),
@@ -127,21 +140,30 @@ async def test_manual_rotation_due_until_the_new_key_is_published(wired) -> None
 
 async def test_quiet_events_send_nothing(wired) -> None:
     observer, dispatcher, hook = wired
-    observer.token_request("c", "p", "client_credentials", "success", 0.1)
-    observer.scheduled("c", "p", "oauth_client", T0 + 60)
-    observer.probe("c", "p", 200)
-    observer.restored("c", "p", "oauth_client", T0, T0 + 60, T0, 4)
-    observer.rotation_planned("c", "p", "api_key", T0 + 86400)
-    observer.rotation_duration("p", "api_key", 1.5)
-    observer.failed("c", "p", "oauth_client", OSError(), 2)
+    observer(TokenRequest("c", "p", "client_credentials", "success", 0.1))
+    observer(Scheduled("c", "p", "oauth_client", T0 + 60))
+    observer(Probed("c", "p", 200))
+    observer(Restored("c", "p", "oauth_client", T0, T0 + 60, T0, 4))
+    observer(RotationPlanned("c", "p", "api_key", T0 + 86400))
+    observer(RotationDuration("p", "api_key", 1.5))
+    observer(Failed("c", "p", "oauth_client", OSError(), 2))
     assert await sent(dispatcher, hook) == []
+
+
+async def test_keyturn_s_own_trouble_is_alerted_without_a_credential(wired) -> None:
+    observer, dispatcher, hook = wired
+    detail = "keyturn's Vault token expires in 20s and could not be renewed or replaced"
+    observer(Suspicious(None, None, "vault_token_expiring", "critical", detail))
+    assert await sent(dispatcher, hook) == [("KeyturnVaultTokenExpiring", "firing", "critical")]
+    [alert] = hook.delivered
+    assert (alert.credential, alert.provider, alert.summary) == ("", "", detail)
 
 
 async def test_it_works_behind_observers_fan_out(wired) -> None:
     observer, dispatcher, hook = wired
     fan_out = Observers(LoggingObserver(), observer)
-    fan_out.suspicious("c", "p", "client_rejected", "critical", "invalid_client")
-    fan_out.published("c", "p", "oauth_client", T0, T0 + 60)
+    fan_out(Suspicious("c", "p", "client_rejected", "critical", "invalid_client"))
+    fan_out(Published("c", "p", "oauth_client", T0, T0 + 60))
     assert [status for _, status, _ in await sent(dispatcher, hook)] == ["firing", "resolved"]
     assert isinstance(hook.delivered[0], Alert)
 
@@ -155,7 +177,7 @@ ROTATOR_ADMIN = Secret("admin-0123456789abcdef")
 def provider_client(
     respond: Callable[[httpx.Request], httpx.Response], timeout: float = 10.0
 ) -> ProviderClient:
-    settings = ProviderSettings(name="acme", base_url="https://acme.test", timeout=timeout)
+    settings = ProviderConfig(name="acme", base_url="https://acme.test", timeout=timeout)
     return ProviderClient(settings, clock=FakeClock(T0), transport=httpx.MockTransport(respond))
 
 
@@ -297,7 +319,7 @@ async def test_the_alert_says_what_the_log_line_says(case: str, wired) -> None:
     stream = io.StringIO()
     configure_logging("debug", stream=stream)
     try:
-        Observers(LoggingObserver(), observer).failed("app1", "acme", "oauth_client", error, 3)
+        Observers(LoggingObserver(), observer)(Failed("app1", "acme", "oauth_client", error, 3))
     finally:
         logging.getLogger().handlers.clear()
         structlog.reset_defaults()

@@ -6,21 +6,29 @@ from __future__ import annotations
 import dataclasses
 import socket
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from keyturn.config import (
+    AlertHookType,
     AppRoleAuth,
+    AuthMethod,
     CredentialConfig,
     DaemonSettings,
     KubernetesAuth,
     MetricsSettings,
     ProviderConfig,
+    RotatorConfig,
+    RotatorType,
     TokenAuth,
     TokenFileAuth,
+    VaultAuth,
     load_config,
     parse_config,
 )
+from keyturn.config.keys import tag_of
+from keyturn.config.schema import AlertHook
 from keyturn.errors import ConfigError
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
@@ -579,3 +587,34 @@ def test_config_objects_are_frozen() -> None:
         config.providers["other"] = config.providers["acme"]  # type: ignore[index]
     with pytest.raises(KeyError):
         config.credential("nope")
+
+
+# -- the schema ------------------------------------------------------------------------------
+
+
+def test_objects_the_code_makes_are_taken_as_they_are() -> None:
+    """The file's rules judge a file: other modules (and their tests) make config objects
+    with values no file may hold (plain http without the flag, a tiny limit, no kind)."""
+    provider = ProviderConfig(name="p", base_url="http://127.0.0.1:1", max_response_bytes=10)
+    assert (provider.base_url, provider.max_response_bytes) == ("http://127.0.0.1:1", 10)
+    credential = CredentialConfig(
+        name="c", provider="p", client_id=None, client_secret=None, publish_to="x"
+    )
+    assert credential.kind == "oauth_client"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        credential.kind = "api_key"  # type: ignore[misc]
+
+
+def test_each_literal_is_the_tags_of_its_union() -> None:
+    unions = [(AuthMethod, VaultAuth, "method"), (RotatorType, RotatorConfig, "type")]
+    unions.append((AlertHookType, AlertHook, "type"))
+    for literal, union, discriminator in unions:
+        tags = tuple(tag_of(member, discriminator) for member in get_args(union))
+        assert tags == get_args(literal)
+
+
+def test_a_file_must_name_each_credential_s_kind() -> None:
+    [line] = problems(MINIMAL.replace('kind = "oauth_client"\n', ""))
+    assert line == (
+        'k.toml: credentials["reporting"].kind: missing; expected one of "oauth_client", "api_key"'
+    )

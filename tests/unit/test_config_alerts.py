@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from keyturn.config import AlertHookConfig, load_config, parse_config
+from keyturn.config.keys import keys, tables
+from keyturn.config.schema import WebhookHook
 from keyturn.errors import ConfigError
 from keyturn.references import SecretRef
 
@@ -87,7 +89,8 @@ def problems(text: str, environ: dict[str, str] | None = None) -> list[str]:
 def test_every_hook_type_loads_with_its_defaults() -> None:
     hooks = load(HOOKS)
     assert list(hooks) == ["generic", "chat", "oncall", "am"]
-    assert hooks["generic"] == AlertHookConfig(
+    assert all(isinstance(hook, AlertHookConfig) for hook in hooks.values())
+    assert hooks["generic"] == WebhookHook(
         name="generic",
         type="webhook",
         url=SecretRef.inline("https://hooks.example.com/keyturn"),
@@ -108,6 +111,7 @@ def test_every_hook_type_loads_with_its_defaults() -> None:
     )
     oncall = hooks["oncall"]
     assert (oncall.url, oncall.routing_key) == (None, SecretRef.env("PD_ROUTING_KEY"))
+    assert hooks["generic"].routing_key is None  # a webhook takes none
     assert oncall.credentials == ("billing",)
     assert (oncall.rate_limit, oncall.repeat_interval, oncall.timeout) == (5.0, 3600.0, 5.0)
     assert (oncall.max_retries, oncall.runbook_base) == (
@@ -368,6 +372,7 @@ def test_the_shipped_example_has_every_hook_type() -> None:
 KNOWN = re.compile(
     r'k\.toml: alerts\["h"\]\.zzzzzz: unknown key for type "(\w+)"; expected one of: (.+)'
 )
+HOOK_TABLES = {tag[1]: model for path, model, tag in tables() if path == "alerts[]" and tag}
 
 
 @pytest.mark.parametrize(
@@ -383,9 +388,10 @@ def test_every_key_is_documented_and_in_the_example(text: str) -> None:
     [problem] = problems(text)
     match = KNOWN.fullmatch(problem)
     assert match, problem
-    keys = match[2].split(", ")
-    assert {"name", "type", "url", "min_severity", "max_retries"} <= set(keys)
+    keys_of_type = list(keys(HOOK_TABLES[match[1]]))  # the schema's, as the problem lists them
+    assert match[2].split(", ") == keys_of_type
+    assert {"name", "type", "url", "min_severity", "max_retries"} <= set(keys_of_type)
     section = EXAMPLE[EXAMPLE.index("[[alerts]]") :]
-    for key in keys:
+    for key in keys_of_type:
         assert f"`{key}`" in DOCS, f"alerts.{key} is not documented"
         assert re.search(rf"^#? ?{key} = ", section, re.M), f"alerts.{key} is not in the example"

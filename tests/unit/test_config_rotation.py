@@ -141,7 +141,7 @@ def test_the_docs_worked_example_for_the_sandbox_loads_as_written() -> None:
         initial_key=SecretRef.env("SANDBOX_API_KEY"),
     )
     assert client.kind == "oauth_client"
-    assert client.rotation == RotationPolicy(90 * 86400.0, "sandbox-client-secrets")
+    assert client.rotation == RotationPolicy(max_age=90 * 86400.0, rotator="sandbox-client-secrets")
     assert config.rotator_of(key) is config.rotators["sandbox-keys"]
     assert config.rotator_of(client) is config.rotators["sandbox-client-secrets"]
 
@@ -213,7 +213,9 @@ def test_every_rotation_key_can_be_set() -> None:
     )
     assert config.rotators["script"] == ExecRotatorConfig("script", ("/opt/rotate", "--all"), 2.5)
     [credential] = config.credentials
-    assert credential.rotation == RotationPolicy(3600.0, "script", 600.0, 2)
+    assert credential.rotation == RotationPolicy(
+        max_age=3600.0, rotator="script", grace=600.0, verify_attempts=2
+    )
     assert credential.initial_key == SecretRef.vault(
         "secret", "keyturn/inputs/reporting-key", "api_key"
     )
@@ -230,7 +232,7 @@ def test_an_oauth_client_may_rotate_its_secret_with_http_or_exec() -> None:
     )
     config = parse_config(text, "k.toml", {})
     oauth = config.credential("reporting")
-    assert oauth.rotation == RotationPolicy(90 * 86400.0, "script")
+    assert oauth.rotation == RotationPolicy(max_age=90 * 86400.0, rotator="script")
     assert oauth.probe is None  # a client secret is verified with a token request
     plain = parse_config(
         text.replace('rotation = { max_age = "90d", rotator = "script" }\n', ""), "k.toml", {}
@@ -330,14 +332,29 @@ def test_environment_overrides_a_rotator_scalar(
 
 
 CREDENTIAL_OVERRIDES = [
-    ("ROTATION_MAX_AGE", "7d", "rotation", RotationPolicy(7 * 86400.0, "acme-keys")),
-    ("ROTATION_GRACE", "0", "rotation", RotationPolicy(30 * 86400.0, "acme-keys", 0.0)),
-    ("ROTATION_ROTATOR", "person", "rotation", RotationPolicy(30 * 86400.0, "person")),
+    (
+        "ROTATION_MAX_AGE",
+        "7d",
+        "rotation",
+        RotationPolicy(max_age=7 * 86400.0, rotator="acme-keys"),
+    ),
+    (
+        "ROTATION_GRACE",
+        "0",
+        "rotation",
+        RotationPolicy(max_age=30 * 86400.0, rotator="acme-keys", grace=0.0),
+    ),
+    (
+        "ROTATION_ROTATOR",
+        "person",
+        "rotation",
+        RotationPolicy(max_age=30 * 86400.0, rotator="person"),
+    ),
     (
         "ROTATION_VERIFY_ATTEMPTS",
         "9",
         "rotation",
-        RotationPolicy(30 * 86400.0, "acme-keys", 3600, 9),
+        RotationPolicy(max_age=30 * 86400.0, rotator="acme-keys", verify_attempts=9),
     ),
     ("INITIAL_KEY", "file:/run/key", "initial_key", SecretRef.file("/run/key")),
 ]
@@ -363,7 +380,7 @@ def test_overrides_can_give_an_oauth_client_a_rotation() -> None:
         "KEYTURN_CREDENTIALS_REPORTING_KEY_ROTATION_ROTATOR": "script",
     }
     assert parse_config(text, "k.toml", environ).credentials[0].rotation == RotationPolicy(
-        90 * 86400.0, "script"
+        max_age=90 * 86400.0, rotator="script"
     )
     [line] = problems(text, {"KEYTURN_CREDENTIALS_REPORTING_KEY_ROTATION_MAX_AGE": "90d"})
     assert line.startswith('k.toml: credentials["reporting-key"].rotation.rotator: missing')

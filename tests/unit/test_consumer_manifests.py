@@ -6,7 +6,7 @@ operators' CRD schemas in tests/data/crds/ (External Secrets Operator: vendored;
 Operator: a subset written here, see its README) made strict, so a misspelt field is refused
 rather than silently pruned. Every interval is checked against the rule of
 deploy/consumers/README.md, computed from keyturn's own refresh policy
-(`keyturn.dev.agent.max_consumer_lag`): a consumer's copy may lag Vault by at most half the
+(`keyturn_devkit.dev.agent.max_consumer_lag`): a consumer's copy may lag Vault by at most half the
 time keyturn's new value is in Vault before the old one expires, 0.12 x the lifetime with the
 defaults. The examples are written for 1 h tokens. The paths, names and keys are checked
 against each other, against keyturn's configuration in deploy/kubernetes/configmap.yaml and
@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from keyturn.config import Config, parse_config
-from keyturn.dev.agent import agent_render_interval, max_consumer_lag, replacement_window
 from keyturn.policy import RefreshPolicy
+from keyturn_devkit.dev.agent import agent_render_interval, max_consumer_lag, replacement_window
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSUMERS = ROOT / "deploy" / "consumers"

@@ -26,8 +26,8 @@ import yaml
 
 from keyturn.commands.check import required_capabilities
 from keyturn.config import Config, load_config, parse_config
-from keyturn.sandbox import command as sandbox_command
-from keyturn.sandbox.config import load_settings
+from keyturn_devkit.sandbox import command as sandbox_command
+from keyturn_devkit.sandbox.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -188,9 +188,12 @@ def test_compose_runs_openbao_the_sandbox_keyturn_and_prometheus(compose) -> Non
         tag = service["image"].rpartition(":")[2]
         assert tag not in {"", "latest"}, name
     keyturn_image = {n for n, s in services.items() if s["image"] == "keyturn:local"}
-    assert keyturn_image == {"pod", "sandbox", "init", "keyturn"}
+    assert keyturn_image == {"pod", "init", "keyturn"}
     for name in keyturn_image:
         assert services[name]["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+    # The daemon's image holds no sandbox: that one is keyturn-devkit's image.
+    assert services["sandbox"]["image"] == "keyturn-devkit:local"
+    assert services["sandbox"]["build"] == {"context": "..", "dockerfile": "devkit/Dockerfile"}
     # The sandbox's arguments are `keyturn sandbox`'s own.
     sandbox = services["sandbox"]["command"]
     assert sandbox[0] == "sandbox"
@@ -219,7 +222,7 @@ def test_the_keyturn_image_services_are_non_root_read_only_and_without_capabilit
 ) -> None:
     for name, service in compose["services"].items():
         assert "no-new-privileges:true" in service["security_opt"], name
-        if service["image"] != "keyturn:local":
+        if service["image"] not in {"keyturn:local", "keyturn-devkit:local"}:
             continue
         assert service["user"] == f"{KEYTURN_UID}:{KEYTURN_UID}", name
         assert service["read_only"] is True, name

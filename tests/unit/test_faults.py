@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import pytest
 
 from keyturn.clock import FakeClock, WallClockGuard
+from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import (
     ProviderUnavailable,
     RateLimited,
@@ -20,13 +21,15 @@ from keyturn.errors import (
     VaultPermissionDenied,
     VaultUnavailable,
 )
-from keyturn.job import MIN_LEASE, CredentialJob, Journal, Lease
-from keyturn.layout import CredentialState
+from keyturn.events import Failed, Suspicious
+from keyturn.jobs.build import build_job
+from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease
 from keyturn.policy import URGENT_FLOOR, URGENT_SHARE, BackoffPolicy, RefreshPolicy, retry_delay
-from keyturn.providers.client import ProviderClient, ProviderSettings
-from keyturn.refresher import OAuthRefresher, OAuthTarget
+from keyturn.providers.client import ProviderClient
+from keyturn.references import SecretRef
 from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
+from keyturn.state import CredentialState, RefreshTokenRecord, TokenRecord
 from keyturn.testing.oauth import FakeOAuthServer
 from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
@@ -34,6 +37,24 @@ from keyturn.testing.vault import FakeVaultStore
 STATE = "keyturn/state/reporting"
 PUBLISHED = "apps/reporting/acme"
 BACKOFF = BackoffPolicy(initial=1, maximum=300)
+
+
+@dataclass
+class Inputs:
+    """The client inputs as the world has them (or the error reading them raises)."""
+
+    world: World
+
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        if self.world.inputs_error is not None:
+            raise self.world.inputs_error
+        return "cid", Secret(self.world.server.client_secret)
+
+    async def refresh_token(self) -> Secret | None:
+        return None
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None
 
 
 @dataclass
@@ -60,29 +81,21 @@ class World:
 
     def job(self, *, margin: float = 5.0, lease: float = 30.0) -> CredentialJob:
         client = ProviderClient(
-            ProviderSettings(
-                name="acme", base_url="https://acme.test", revoke_path="/oauth/revoke"
-            ),
+            ProviderConfig(name="acme", base_url="https://acme.test", revoke_path="/oauth/revoke"),
             clock=self.clock,
             transport=httpx.MockTransport(self.handle),
         )
-
-        async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
-            if self.inputs_error is not None:
-                raise self.inputs_error
-            return "cid", Secret(self.server.client_secret)
-
-        return OAuthRefresher(
-            OAuthTarget(
-                name="reporting",
-                provider="acme",
-                publish_to=PUBLISHED,
-                refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=margin),
-                backoff=BACKOFF,
-            ),
-            client=client,
+        credential = CredentialConfig(
+            name="reporting",
+            provider="acme",
+            client_id=SecretRef.env("CLIENT_ID"),
+            client_secret=SecretRef.env("CLIENT_SECRET"),
+            publish_to=PUBLISHED,
+            refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=margin),
+            backoff=BACKOFF,
+        )
+        deps = JobDeps(
             store=self.store,
-            inputs=inputs,
             observer=self.observer,
             clock=self.clock,
             rng=random.Random(4),
@@ -90,6 +103,7 @@ class World:
             state_prefix="keyturn/state",
             lease_seconds=lease,
         )
+        return build_job(credential, client, None, Inputs(self), deps)
 
     async def state(self) -> CredentialState:
         entry = await self.store.read(STATE)
@@ -135,7 +149,7 @@ def test_retry_after_stays_a_floor_even_when_the_token_is_short() -> None:
 async def test_a_long_outage_does_not_push_the_retry_past_the_tokens_expiry(world: World) -> None:
     job = world.job()
     first = await job.run()
-    expires_at = (await world.state()).expires_at
+    expires_at = (await world.state()).token.expires_at
     assert expires_at is not None
     # Earlier outages grew the failure count: the backoff alone would wait minutes.
     world.clock.advance(first.next_due - world.clock.time())
@@ -191,7 +205,8 @@ async def test_a_scheduler_wakes_what_waited_for_vault() -> None:
     assert scheduler.waiting_for_vault == {"reporting"}
     world.store.unavailable = False
     assert scheduler.wake(scheduler.waiting_for_vault) == ["reporting"]
-    assert scheduler.status["reporting"].next_due == clock.time()
+    status = scheduler.status_of("reporting")
+    assert status is not None and status.next_due == clock.time()
     outcome = await scheduler.run_now("reporting", force=False)
     assert outcome.action == "refreshed"
     assert scheduler.waiting_for_vault == set()
@@ -204,32 +219,32 @@ async def refresh_token_world() -> tuple[World, CredentialJob]:
     world = World()
     job = world.job()
     await job.run()  # client_credentials: a refresh token is now held
-    assert (await world.state()).refresh_token is not None
+    assert (await world.state()).refresh.token is not None
     return world, job
 
 
 async def test_an_answer_lost_in_flight_burns_the_refresh_token() -> None:
     world, job = await refresh_token_world()
-    held = (await world.state()).refresh_token
+    held = (await world.state()).refresh.token
     world.server.lose_answers = 1  # the provider rotates, keyturn never sees the answer
     outcome = await job.run(force=True)
     assert outcome.action == "failed"
     assert isinstance(outcome.error, ProviderUnavailable)
     state = await world.state()
-    assert state.refresh_token is None and state.refresh_in_flight is None
+    assert state.refresh.token is None and state.refresh.in_flight is None
     # Not revoked yet: that would kill the access token apps read until a new one is out.
-    assert world.server.revoked == [] and state.burned_refresh_token == held
+    assert world.server.revoked == [] and state.refresh.burned == held
     assert (await job.run(force=True)).action == "refreshed"
     assert world.server.grants[-1] == "client_credentials"
     assert held is not None and world.server.revoked == [held.reveal()]  # RFC 7009
-    assert (await world.state()).burned_refresh_token is None
+    assert (await world.state()).refresh.burned is None
     assert world.server.reuse == 0
-    assert world.observer.named("suspicious") == []  # not the theft detector
+    assert world.observer.of(Suspicious) == []  # not the theft detector
 
 
 async def test_a_crash_after_the_request_leaves_the_token_burned_for_the_next_process() -> None:
     world, job = await refresh_token_world()
-    held = (await world.state()).refresh_token
+    held = (await world.state()).refresh.token
     world.server.lose_answers = 1
 
     def crash() -> None:  # the process dies while the request is in flight
@@ -237,7 +252,7 @@ async def test_a_crash_after_the_request_leaves_the_token_burned_for_the_next_pr
 
     world.on_token_request.append(crash)
     await job.run(force=True)
-    assert (await _raw_state(world)).refresh_in_flight is not None
+    assert (await _raw_state(world)).refresh.in_flight is not None
     world.store.unavailable = False
     restarted = world.job()  # a new process: nothing in memory
     outcome = await restarted.run()
@@ -274,7 +289,7 @@ async def test_a_vault_failure_after_a_refresh_keeps_the_answer_and_stores_it_fi
     assert len(world.server.grants) == requests
     assert world.server.reuse == 0
     state = await world.state()
-    assert state.refresh_token is not None and {state.refresh_token.reveal()} == rotated
+    assert state.refresh.token is not None and {state.refresh.token.reveal()} == rotated
     assert await world.published() == world.server.access_tokens[-1]
 
 
@@ -301,21 +316,21 @@ async def test_invalid_grant_drops_the_token_once_and_falls_back(world: World) -
     world.server.next_responses.append(httpx.Response(400, json={"error": "invalid_grant"}))
     world.server.next_responses.append(httpx.Response(503))  # and the fallback fails too
     assert (await job.run(force=True)).action == "failed"
-    assert (await world.state()).refresh_token is None  # dropped after the first alert
+    assert (await world.state()).refresh.token is None  # dropped after the first alert
     assert (await job.run(force=True)).action == "refreshed"
-    detectors = [args[2] for args in world.observer.named("suspicious")]
+    detectors = [event.detector for event in world.observer.of(Suspicious)]
     assert detectors == ["refresh_token_rejected"]
 
 
 async def test_a_rate_limited_refresh_keeps_its_token(world: World) -> None:
     job = world.job()
     await job.run()
-    held = (await world.state()).refresh_token
+    held = (await world.state()).refresh.token
     world.server.next_responses.append(httpx.Response(429, headers={"Retry-After": "3"}))
     outcome = await job.run(force=True)
     assert isinstance(outcome.error, RateLimited)
     state = await world.state()
-    assert state.refresh_token == held and state.refresh_in_flight is None
+    assert state.refresh.token == held and state.refresh.in_flight is None
 
 
 async def test_a_lagging_vault_node_never_makes_a_refresh_token_be_sent_twice() -> None:
@@ -334,15 +349,20 @@ async def test_a_lagging_vault_node_never_makes_a_refresh_token_be_sent_twice() 
 # -- 4. the lease is short and renewed -----------------------------------------------------------
 
 
+def expiring(at: float) -> CredentialState:
+    """A record whose published token expires at `at`."""
+    return CredentialState(token=TokenRecord(expires_at=at))
+
+
 def test_a_lease_leaves_a_successor_time_to_refresh() -> None:
     lease = Lease("i-1", 13.0)  # a 3 s provider timeout plus slack
     now = 1000.0
     assert lease.until(CredentialState(), now) == now + 13  # nothing published yet
-    assert lease.until(CredentialState(expires_at=now + 600), now) == now + 13
-    assert lease.until(CredentialState(expires_at=now + 20), now) == now + 7  # a step left
-    assert lease.until(CredentialState(expires_at=now + 24), now) == now + 11
-    assert lease.until(CredentialState(expires_at=now + 7), now) == now + MIN_LEASE
-    assert lease.until(CredentialState(expires_at=now + 1), now) == now + MIN_LEASE
+    assert lease.until(expiring(now + 600), now) == now + 13
+    assert lease.until(expiring(now + 20), now) == now + 7  # a step left
+    assert lease.until(expiring(now + 24), now) == now + 11
+    assert lease.until(expiring(now + 7), now) == now + MIN_LEASE
+    assert lease.until(expiring(now + 1), now) == now + MIN_LEASE
 
 
 async def test_a_long_step_renews_the_lease(world: World) -> None:
@@ -351,7 +371,7 @@ async def test_a_long_step_renews_the_lease(world: World) -> None:
         world.store, STATE, CredentialState(), 1, clock=world.clock, lease=Lease("i-1", 9.0)
     )
     await journal.save(journal.state)
-    first = (await world.state()).lease_until
+    first = (await world.state()).lease.until
     stop = asyncio.Event()
     keeper = asyncio.ensure_future(journal.keep_alive(stop))
     for _ in range(3):
@@ -362,9 +382,9 @@ async def test_a_long_step_renews_the_lease(world: World) -> None:
     stop.set()
     await keeper
     state = await world.state()
-    assert first is not None and state.lease_until is not None
-    assert state.lease_until > first + 5
-    assert state.lease_owner == "i-1"
+    assert first is not None and state.lease.until is not None
+    assert state.lease.until > first + 5
+    assert state.lease.owner == "i-1"
 
 
 class GatedStore(FakeVaultStore):
@@ -388,12 +408,15 @@ async def test_a_renewal_queued_behind_a_save_never_writes_back_the_state_it_rep
     await store.write(STATE, CredentialState().to_data(), cas=0)
     lease = Lease("i-1", 3.0)
     journal = Journal(store, STATE, CredentialState(), 1, clock=clock, lease=lease)
-    in_flight = await journal.save(CredentialState(refresh_in_flight="attempt-1"))
+    in_flight = await journal.save(
+        CredentialState(refresh=RefreshTokenRecord(in_flight="attempt-1"))
+    )
     stop = asyncio.Event()
     keeper = asyncio.ensure_future(journal.keep_alive(stop))
     await asyncio.sleep(0)
     store.gate.clear()
-    saving = asyncio.ensure_future(journal.save(in_flight.with_(refresh_in_flight=None)))
+    answered = replace(in_flight, refresh=replace(in_flight.refresh, in_flight=None))
+    saving = asyncio.ensure_future(journal.save(answered))
     for _ in range(3):
         await asyncio.sleep(0)
     clock.advance(1.1)  # the renewal is due: it queues behind the save
@@ -409,7 +432,7 @@ async def test_a_renewal_queued_behind_a_save_never_writes_back_the_state_it_rep
     assert renewals >= 4  # the seed, the in-flight mark, the save, the renewal
     entry = await store.read(STATE, consistent=True)
     assert entry is not None
-    assert CredentialState.from_data(entry.data, "reporting").refresh_in_flight is None
+    assert CredentialState.from_data(entry.data, "reporting").refresh.in_flight is None
 
 
 # -- 6. any exception is a failure of the one credential -----------------------------------------
@@ -421,13 +444,13 @@ async def test_an_unexpected_exception_is_recorded_backed_off_and_reported(world
     outcome = await job.run()
     assert outcome.action == "failed"
     state = await world.state()
-    assert state.consecutive_failures == 1
-    assert state.last_error is not None and "ZeroDivisionError" in state.last_error
-    assert "secretvalue" not in state.last_error
-    assert state.lease_owner is None
+    assert state.token.consecutive_failures == 1
+    assert state.token.last_error is not None and "ZeroDivisionError" in state.token.last_error
+    assert "secretvalue" not in state.token.last_error
+    assert state.lease.owner is None
     assert outcome.next_due > world.clock.time()
-    failed = world.observer.named("failed")
-    assert len(failed) == 1 and failed[0][4] == 1
+    failed = world.observer.of(Failed)
+    assert len(failed) == 1 and failed[0].failures == 1
 
 
 # -- 5. a wall-clock step ------------------------------------------------------------------------
@@ -572,7 +595,7 @@ async def test_every_failure_path_backs_off_and_counts_towards_the_alert(path: s
         assert outcome.action == "failed", (path, outcome)
         delays.append(outcome.next_due - clock.time())
         clock.advance(max(0.0, outcome.next_due - clock.time()))
-    counts = [event[4] for event in world.observer.named("failed")]
+    counts = [event.failures for event in world.observer.of(Failed)]
     assert counts == list(range(1, 9)), (path, counts)
     # Full jitter draws each delay in [initial, initial * 2**(n-1)]: the caps grow, and late
     # delays are far above the first second.
@@ -589,15 +612,15 @@ async def test_a_state_staged_during_a_renewal_is_the_one_the_release_stores() -
     store = GatedStore(clock)
     await store.write(STATE, CredentialState().to_data(), cas=0)
     journal = Journal(store, STATE, CredentialState(), 1, clock=clock, lease=Lease("i-1", 3.0))
-    before = await journal.save(CredentialState(published_version=14))
+    before = await journal.save(CredentialState(token=TokenRecord(published_version=14)))
     store.gate.clear()
     renewal = asyncio.ensure_future(journal.renew())
     for _ in range(3):
         await asyncio.sleep(0)
-    journal.stage(before.with_(published_version=15))
+    journal.stage(replace(before, token=replace(before.token, published_version=15)))
     store.gate.set()
     await renewal
     await journal.release()
     entry = await store.read(STATE, consistent=True)
     assert entry is not None
-    assert CredentialState.from_data(entry.data, "reporting").published_version == 15
+    assert CredentialState.from_data(entry.data, "reporting").token.published_version == 15

@@ -1,13 +1,15 @@
 """The metrics server over real HTTP on 127.0.0.1 (port 0), and the liveness/readiness checks.
 
 Liveness and readiness are plain callables, so each test gives the server exactly the answer
-it needs; the last test wires the real ones (heartbeat, FakeVaultStore, observer) together.
+it needs; the last test wires the real ones (heartbeat, FakeVaultStore, observer, scheduler)
+together. Readiness reads the credentials' state from the scheduler, as their last runs found it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -16,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter
 from keyturn.clock import FakeClock
 from keyturn.config import MetricsSettings
 from keyturn.errors import KeyturnError, VaultUnavailable
+from keyturn.events import Published
+from keyturn.jobs.job import Outcome
 from keyturn.observability import (
     HeartbeatLiveness,
     MetricsServer,
@@ -23,6 +27,8 @@ from keyturn.observability import (
     readiness_check,
 )
 from keyturn.observability.health import Alive, Ready, shorten
+from keyturn.scheduler import CredentialScheduler
+from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 
 LOOPBACK = MetricsSettings(host="127.0.0.1", port=0)
@@ -230,12 +236,29 @@ def test_a_loop_that_never_beats_is_not_alive_after_the_grace() -> None:
         HeartbeatLiveness(lambda: None, clock=clock, max_age=0)
 
 
+def published(issued_at: float, expires_at: float) -> CredentialState:
+    """A record whose last run published a value valid from `issued_at` to `expires_at`."""
+    return CredentialState(token=TokenRecord(issued_at=issued_at, expires_at=expires_at))
+
+
+@dataclass
+class Job:
+    """A credential job for the scheduler whose runs find the record `state` holds."""
+
+    name: str
+    kind: str = "oauth_client"
+    state: CredentialState = field(default_factory=CredentialState)
+
+    async def run(self, *, force: object = False) -> Outcome:
+        return Outcome("fresh", self.state.token.expires_at or 0.0, self.state)
+
+
 async def test_readiness_needs_vault_and_every_credential_published() -> None:
     clock = FakeClock()
-    observer = PrometheusObserver(CollectorRegistry(), clock)
     store = FakeVaultStore(clock=clock)
-    names = ["reporting", "billing"]
-    ready = readiness_check(vault=store.health, observer=observer, credentials=lambda: names)
+    jobs = [Job("reporting"), Job("billing")]
+    scheduler = CredentialScheduler(jobs, clock=clock)
+    ready = readiness_check(vault=store.health, jobs=scheduler, clock=clock)
     assert await ready() == (
         False,
         [
@@ -244,8 +267,9 @@ async def test_readiness_needs_vault_and_every_credential_published() -> None:
         ],
     )
     now = clock.time()
-    for name in names:
-        observer.published(name, "acme", "oauth_client", now, now + 600)
+    for job in jobs:
+        job.state = published(now, now + 600)
+        await scheduler.run_now(job.name)
     assert await ready() == (True, [])
     store.unavailable = True
     ok, problems = await ready()
@@ -253,18 +277,51 @@ async def test_readiness_needs_vault_and_every_credential_published() -> None:
     assert len(problems) == 1 and problems[0].startswith("vault: ")
 
 
+async def test_readiness_names_each_credential_without_a_valid_value() -> None:
+    clock = FakeClock()
+    now = clock.time()
+    jobs = [
+        Job("reporting", state=published(now, now + 60)),
+        # rotate-after, not an expiry: past it, the key still works until it is retired
+        Job("billing", "api_key", published(now, now + 30)),
+        Job("fresh", state=CredentialState(token=TokenRecord(next_due=now))),
+        Job("never-run"),
+    ]
+    scheduler = CredentialScheduler(jobs, clock=clock)
+    for job in jobs[:3]:
+        await scheduler.run_now(job.name)
+    ready = readiness_check(vault=vault_ok, jobs=scheduler, clock=clock)
+    assert await ready() == (
+        False,
+        ["credential fresh: nothing published yet", "credential never-run: nothing published yet"],
+    )
+    clock.advance(75)
+    assert (await ready())[1] == [
+        "credential reporting: expired at 2027-01-15T08:01:00Z",
+        "credential fresh: nothing published yet",
+        "credential never-run: nothing published yet",
+    ]
+    scheduler.replace_jobs(jobs[1:], changed=[])  # a reload removed it: no longer asked for
+    assert "credential reporting" not in " ".join((await ready())[1])
+
+
+async def vault_ok() -> None:
+    return None
+
+
 async def test_readiness_reports_a_foreign_exception_by_type_only() -> None:
     async def vault() -> None:
         raise OSError(f"connection to {SECRET} failed")
 
-    observer = PrometheusObserver(CollectorRegistry(), FakeClock())
-    ready = readiness_check(vault=vault, observer=observer, credentials=list)
+    clock = FakeClock()
+    scheduler = CredentialScheduler([], clock=clock)
+    ready = readiness_check(vault=vault, jobs=scheduler, clock=clock)
     assert await ready() == (False, ["vault: check failed (OSError)"])
 
     async def down() -> None:
         raise VaultUnavailable("vault token lookup: cannot reach vault (ConnectError)")
 
-    ready = readiness_check(vault=down, observer=observer, credentials=list)
+    ready = readiness_check(vault=down, jobs=scheduler, clock=clock)
     assert await ready() == (
         False,
         ["vault: vault token lookup: cannot reach vault (ConnectError)"],
@@ -285,16 +342,18 @@ async def test_the_real_checks_behind_the_server(serve: Serve) -> None:
     registry = CollectorRegistry()
     observer = PrometheusObserver(registry, clock)
     store = FakeVaultStore(clock=clock)
+    job = Job("reporting")
+    scheduler = CredentialScheduler([job], clock=clock)
     _, client = await serve(
         registry=registry,
         alive=HeartbeatLiveness(lambda: observer.last_heartbeat_monotonic, clock=clock, max_age=60),
-        ready=readiness_check(
-            vault=store.health, observer=observer, credentials=lambda: ["reporting"]
-        ),
+        ready=readiness_check(vault=store.health, jobs=scheduler, clock=clock),
     )
     observer.heartbeat()
     now = clock.time()
-    observer.published("reporting", "acme", "oauth_client", now, now + 600)
+    job.state = published(now, now + 600)
+    await scheduler.run_now("reporting")
+    observer(Published("reporting", "acme", "oauth_client", now, now + 600))
     assert (await client.get("/readyz")).status_code == 200
     assert 'keyturn_credential_ready{credential="reporting"' in (await client.get("/metrics")).text
     clock.advance(600)  # the token expired and the loop stopped beating

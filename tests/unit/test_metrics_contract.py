@@ -20,6 +20,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from keyturn.clock import FakeClock
 from keyturn.errors import ProviderUnavailable
+from keyturn.events import (
+    Failed,
+    Probed,
+    Published,
+    RotationDuration,
+    RotationPlanned,
+    RotationStep,
+    Scheduled,
+    Suspicious,
+    TokenRequest,
+)
 from keyturn.observability import PrometheusObserver
 from keyturn.observability.catalog import DETECTORS
 
@@ -75,15 +86,15 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     """An observer that has seen every event, so every family has at least one sample."""
     registry = CollectorRegistry()
     observer = PrometheusObserver(registry, clock)
-    observer.token_request("reporting", "acme", "client_credentials", "success", 0.2)
-    observer.published("reporting", "acme", "oauth_client", clock.time(), clock.time() + 600)
-    observer.scheduled("reporting", "acme", "oauth_client", clock.time() + 400)
-    observer.failed("reporting", "acme", "oauth_client", ProviderUnavailable("down"), 1)
-    observer.suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client")
-    observer.rotation("reporting", "acme", "oauth_client", "started")
-    observer.probe("reporting", "acme", 200)
-    observer.rotation_planned("reporting", "acme", "oauth_client", clock.time() + 86400)
-    observer.rotation_duration("acme", "oauth_client", 3.0)
+    observer(TokenRequest("reporting", "acme", "client_credentials", "success", 0.2))
+    observer(Published("reporting", "acme", "oauth_client", clock.time(), clock.time() + 600))
+    observer(Scheduled("reporting", "acme", "oauth_client", clock.time() + 400))
+    observer(Failed("reporting", "acme", "oauth_client", ProviderUnavailable("down"), 1))
+    observer(Suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client"))
+    observer(RotationStep("reporting", "acme", "oauth_client", "started"))
+    observer(Probed("reporting", "acme", 200))
+    observer(RotationPlanned("reporting", "acme", "oauth_client", clock.time() + 86400))
+    observer(RotationDuration("acme", "oauth_client", 3.0))
     observer.lateness(0.02)
     observer.alert_delivery("oncall", "success")
     observer.sink_write("reporting", "written")

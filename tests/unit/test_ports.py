@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from keyturn.dev.ports import EPHEMERAL_RANGE, free_port_pair, server_port_range
+from keyturn_devkit.dev.ports import EPHEMERAL_RANGE, free_port_pair, server_port_range
 
 
 def test_server_ports_are_outside_the_ephemeral_range() -> None:

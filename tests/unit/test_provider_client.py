@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from keyturn.clock import FakeClock
+from keyturn.config import ProviderConfig
 from keyturn.errors import MalformedResponse, OAuthError, ProviderUnavailable, RateLimited
-from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.providers.client import ProviderClient
 from keyturn.providers.http import parse_retry_after
 from keyturn.providers.tokens import TokenResponse
 from keyturn.secret import Secret
@@ -26,10 +27,8 @@ REFRESH = Secret("rt-very-secret")
 def make_client(
     handler: Callable[[httpx.Request], httpx.Response], **settings: object
 ) -> ProviderClient:
-    base = ProviderSettings(name="acme", base_url="https://acme.test")
-    merged = {**{f: getattr(base, f) for f in base.__slots__}, **settings}
     return ProviderClient(
-        ProviderSettings(**merged),  # type: ignore[arg-type]
+        ProviderConfig(name="acme", base_url="https://acme.test", **settings),  # type: ignore[arg-type]
         clock=FakeClock(),
         transport=httpx.MockTransport(handler),
     )

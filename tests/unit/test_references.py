@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -157,12 +158,14 @@ class FakeVault:
 
     def __init__(self, data: dict[tuple[str, str], dict[str, str]]) -> None:
         self.data = data
-        self.calls: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
 
-    async def read_field(self, mount: str, path: str, field: str) -> Secret:
-        self.calls.append((mount, path, field))
+    async def read_fields(
+        self, mount: str, path: str, fields: Sequence[str]
+    ) -> dict[str, Secret]:
+        self.calls.append((mount, path, tuple(fields)))
         try:
-            return Secret(self.data[(mount, path)][field])
+            return {field: Secret(self.data[(mount, path)][field]) for field in fields}
         except KeyError:
             raise VaultPermissionDenied("cannot read", path=f"{mount}/{path}") from None
 
@@ -172,7 +175,7 @@ async def test_resolve_reads_vault_references_through_the_reader() -> None:
     ref = parse_reference("vault:secret/keyturn/inputs/r#client_secret")
     secret = await resolve(ref, environ={}, vault=vault)
     assert secret.reveal() == "cs"
-    assert vault.calls == [("secret", "keyturn/inputs/r", "client_secret")]
+    assert vault.calls == [("secret", "keyturn/inputs/r", ("client_secret",))]
 
     with pytest.raises(SecretReferenceError, match="the Vault field is empty"):
         await resolve(
@@ -193,6 +196,30 @@ async def test_resolver_bundles_environment_and_reader(tmp_path: Path) -> None:
     assert values == ["env-value", "sid-value", "vault-value"]
     assert resolver.resolve_local(SecretRef.env("TOKEN")).reveal() == "env-value"
     assert (await resolver.resolve(SecretRef.inline("cid"))).reveal() == "cid"
+
+
+async def test_references_to_one_vault_secret_are_read_once_and_kept_in_order() -> None:
+    vault = FakeVault(
+        {
+            ("kv", "oauth/billing"): {"client_id": "cid", "client_secret": "cs"},
+            ("kv", "o"): {"x": "1"},
+        }
+    )
+    resolver = ReferenceResolver({"ID": "env-id"})
+    refs = [
+        parse_reference("vault:kv/oauth/billing#client_secret"),
+        parse_reference("env:ID"),
+        parse_reference("vault:kv/o#x"),
+        parse_reference("vault:kv/oauth/billing#client_id"),
+    ]
+    values = await ReferenceResolver({"ID": "env-id"}, vault).resolve_all(refs)
+    assert [v.reveal() for v in values] == ["cs", "env-id", "1", "cid"]
+    assert vault.calls == [
+        ("kv", "oauth/billing", ("client_secret", "client_id")),
+        ("kv", "o", ("x",)),
+    ]
+    with pytest.raises(SecretReferenceError, match="needs a Vault reader"):
+        await resolver.resolve_all(refs)
 
 
 def test_references_are_frozen_and_hashable() -> None:

@@ -14,15 +14,17 @@ import httpx
 import pytest
 
 from keyturn.clock import FakeClock
-from keyturn.config import Config, parse_config
+from keyturn.config import Config, CredentialConfig, ProviderConfig, parse_config
 from keyturn.errors import ConfigError, SecretReferenceError, VaultDataError, VaultUnavailable
-from keyturn.job import CredentialJob, Outcome
-from keyturn.layout import CredentialState, fingerprint, fingerprint_matches
+from keyturn.events import Suspicious
+from keyturn.jobs.build import build_job
+from keyturn.jobs.job import CredentialJob, JobDeps, Outcome
+from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh
 from keyturn.policy import BackoffPolicy, RefreshPolicy
-from keyturn.providers.client import ProviderClient, ProviderSettings
+from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
-from keyturn.refresher import OAuthRefresher, OAuthTarget, RefreshTokenRefused, TokenRefresh
 from keyturn.secret import Secret
+from keyturn.state import CredentialState, RefreshTokenRecord, fingerprint, fingerprint_matches
 from keyturn.testing.oauth import FakeOAuthServer
 from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
@@ -51,6 +53,23 @@ class Input:
 
 
 @dataclass
+class Inputs:
+    """The credential's inputs: the client secret, and the `refresh_token` input if set."""
+
+    client_secret: str
+    seed: Input | None
+
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        return "cid", Secret(self.client_secret)
+
+    async def refresh_token(self) -> Secret | None:
+        return None if self.seed is None else await self.seed()
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None
+
+
+@dataclass
 class World:
     clock: FakeClock = field(default_factory=FakeClock)
     server: FakeOAuthServer = field(default_factory=FakeOAuthServer)
@@ -64,35 +83,31 @@ class World:
 
     def job(self, name: str = "reporting", *, seeded: bool = True) -> CredentialJob:
         client = ProviderClient(
-            ProviderSettings(
-                name="acme", base_url="https://acme.test", revoke_path="/oauth/revoke"
-            ),
+            ProviderConfig(name="acme", base_url="https://acme.test", revoke_path="/oauth/revoke"),
             clock=self.clock,
             transport=self.server.transport(),
         )
-
-        async def inputs(credential: str, fresh: bool) -> tuple[str, Secret]:
-            return "cid", Secret(self.server.client_secret)
-
-        return OAuthRefresher(
-            OAuthTarget(
-                name=name,
-                provider="acme",
-                publish_to=f"apps/{name}/acme",
-                probe="/v1/projects",
-                refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
-                backoff=BackoffPolicy(initial=1, maximum=300),
-            ),
-            client=client,
+        credential = CredentialConfig(
+            name=name,
+            provider="acme",
+            client_id=SecretRef.inline("cid"),
+            client_secret=SecretRef.env("CLIENT_SECRET"),
+            publish_to=f"apps/{name}/acme",
+            probe="/v1/projects",
+            refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
+            backoff=BackoffPolicy(initial=1, maximum=300),
+            refresh_token=SecretRef.env("REFRESH_TOKEN") if seeded else None,
+        )
+        deps = JobDeps(
             store=self.store,
-            inputs=inputs,
             observer=self.observer,
             clock=self.clock,
             rng=random.Random(7),
             instance_id="i-1",
             state_prefix="keyturn/state",
-            refresh_token_input=self.seed if seeded else None,
         )
+        inputs = Inputs(self.server.client_secret, self.seed if seeded else None)
+        return build_job(credential, client, None, inputs, deps)
 
     async def state(self, name: str = "reporting") -> CredentialState:
         entry = await self.store.read(f"keyturn/state/{name}")
@@ -106,7 +121,7 @@ class World:
 
     async def refuse_held_token(self) -> None:
         """The provider forgets the token keyturn holds (revoked, expired, reused elsewhere)."""
-        held = (await self.state()).refresh_token
+        held = (await self.state()).refresh.token
         assert held is not None
         self.server.live_refresh.discard(held.reveal())
 
@@ -119,8 +134,8 @@ class World:
 async def due(world: World) -> None:
     """Let the clock run to the job's next refresh."""
     state = await world.state()
-    assert state.next_due is not None
-    world.clock.advance(max(0.0, state.next_due - world.clock.time()))
+    assert state.token.next_due is not None
+    world.clock.advance(max(0.0, state.token.next_due - world.clock.time()))
 
 
 @pytest.fixture
@@ -139,10 +154,10 @@ async def test_the_input_seeds_the_first_refresh_which_uses_the_refresh_token_gr
     assert world.server.grants == ["refresh_token"]  # no client_credentials grant at all
     assert world.server.used_refresh == [CONSENT]
     state = await world.state()
-    assert state.refresh_token == Secret("rt-1-secretvalue")  # rotated: keyturn owns it now
-    assert state.refresh_token_input_fingerprint is not None
-    assert fingerprint_matches(state.refresh_token_input_fingerprint, Secret(CONSENT))
-    assert state.refresh_token_refused_at is None
+    assert state.refresh.token == Secret("rt-1-secretvalue")  # rotated: keyturn owns it now
+    assert state.refresh.input_fingerprint is not None
+    assert fingerprint_matches(state.refresh.input_fingerprint, Secret(CONSENT))
+    assert state.refresh.refused_at is None
     assert await world.published_token() == "at-1-secretvalue"
     assert world.seed.reads == 1
 
@@ -154,8 +169,8 @@ async def test_the_seeded_token_is_stored_before_it_is_sent(world: World) -> Non
     assert world.server.used_refresh == [CONSENT]
     state = await world.state()
     # Stored before use, so a lost answer burns it: it is never presented again.
-    assert state.refresh_token is None and state.burned_refresh_token == Secret(CONSENT)
-    assert state.refresh_token_input_fingerprint is not None
+    assert state.refresh.token is None and state.refresh.burned == Secret(CONSENT)
+    assert state.refresh.input_fingerprint is not None
     world.clock.advance(400)
     assert (await world.job().run()).action == "refreshed"
     assert world.server.used_refresh == [CONSENT]  # no reuse, no second seed
@@ -190,10 +205,10 @@ async def test_an_unchanged_input_is_not_used_again_after_invalid_grant(world: W
     # the held token was refused, the unchanged input is not presented: client_credentials
     assert world.server.grants == ["refresh_token", "refresh_token", "client_credentials"]
     assert world.server.used_refresh == [CONSENT, "rt-1-secretvalue"]
-    assert [s[2] for s in world.observer.named("suspicious")] == ["refresh_token_rejected"]
+    assert [s.detector for s in world.observer.of(Suspicious)] == ["refresh_token_rejected"]
     state = await world.state()
-    assert state.refresh_token == Secret("rt-2-secretvalue")  # from client_credentials
-    assert state.refresh_token_refused_at is None  # holding a refresh token again ends it
+    assert state.refresh.token == Secret("rt-2-secretvalue")  # from client_credentials
+    assert state.refresh.refused_at is None  # holding a refresh token again ends it
     # Holding one again, keyturn does not read the input at later refreshes.
     await due(world)
     await job.run()
@@ -205,7 +220,7 @@ async def test_a_changed_input_is_seeded_and_used_at_once_after_invalid_grant(
 ) -> None:
     job = world.job()
     await job.run()
-    first = (await world.state()).refresh_token_input_fingerprint
+    first = (await world.state()).refresh.input_fingerprint
     world.seed.value = CONSENT_2  # a person went through the consent flow again
     await world.refuse_held_token()
     await due(world)
@@ -214,12 +229,12 @@ async def test_a_changed_input_is_seeded_and_used_at_once_after_invalid_grant(
     assert world.server.grants == ["refresh_token"] * 3
     assert world.server.used_refresh == [CONSENT, "rt-1-secretvalue", CONSENT_2]
     state = await world.state()
-    assert state.refresh_token == Secret("rt-2-secretvalue")
-    fp = state.refresh_token_input_fingerprint
+    assert state.refresh.token == Secret("rt-2-secretvalue")
+    fp = state.refresh.input_fingerprint
     assert fp is not None and fp != first
     assert fingerprint_matches(fp, Secret(CONSENT_2))
     assert not fingerprint_matches(fp, Secret(CONSENT))
-    assert state.refresh_token_refused_at is None
+    assert state.refresh.refused_at is None
 
 
 async def test_a_refused_changed_input_falls_back_once_and_is_not_retried(world: World) -> None:
@@ -236,7 +251,7 @@ async def test_a_refused_changed_input_falls_back_once_and_is_not_retried(world:
         "refresh_token",
         "client_credentials",
     ]
-    assert [s[2] for s in world.observer.named("suspicious")] == ["refresh_token_rejected"] * 2
+    assert [s.detector for s in world.observer.of(Suspicious)] == ["refresh_token_rejected"] * 2
     assert world.seed.reads == 2  # the seed, and once after the refusal: not after its own
 
 
@@ -252,7 +267,7 @@ async def test_while_refused_without_a_refresh_token_the_input_is_checked_each_r
     await due(world)
     assert (await job.run()).action == "refreshed"  # client_credentials, no refresh token
     state = await world.state()
-    assert state.refresh_token is None and state.refresh_token_refused_at is not None
+    assert state.refresh.token is None and state.refresh.refused_at is not None
     await due(world)
     await job.run()
     assert world.seed.reads == 3  # the seed, then once per run while refused
@@ -263,7 +278,7 @@ async def test_while_refused_without_a_refresh_token_the_input_is_checked_each_r
     await job.run()
     assert world.server.used_refresh[-1] == CONSENT_2
     state = await world.state()
-    assert state.refresh_token is not None and state.refresh_token_refused_at is None
+    assert state.refresh.token is not None and state.refresh.refused_at is None
     await due(world)
     await job.run()
     assert world.seed.reads == 4  # holding one again: not read any more
@@ -274,7 +289,7 @@ async def test_a_credential_without_the_input_never_reads_it(world: World) -> No
     assert outcome.action == "refreshed"
     assert world.server.grants == ["client_credentials"]
     assert world.seed.reads == 0
-    assert (await world.state()).refresh_token_input_fingerprint is None
+    assert (await world.state()).refresh.input_fingerprint is None
 
 
 async def test_a_token_held_before_the_input_appears_is_kept(world: World) -> None:
@@ -301,8 +316,8 @@ async def test_an_unreadable_first_seed_fails_the_credential_with_backoff(world:
     )
     assert world.server.grants == []  # no silent client_credentials instead
     state = await world.state()
-    assert state.phase == "failing" and state.consecutive_failures == 1
-    assert state.last_error == str(outcome.error)
+    assert state.token.phase == "failing" and state.token.consecutive_failures == 1
+    assert state.token.last_error == str(outcome.error)
     assert outcome.next_due > world.clock.time()
     assert await world.store.read(PUBLISHED) is None
     # Another credential in the same process is not affected.
@@ -382,10 +397,10 @@ async def test_a_tampered_fingerprint_is_reported_naming_the_field(world: World)
 
 def test_the_new_fields_round_trip_through_the_record() -> None:
     fp = fingerprint(Secret(CONSENT))
-    state = CredentialState(refresh_token_input_fingerprint=fp, refresh_token_refused_at=12.5)
+    state = CredentialState(refresh=RefreshTokenRecord(input_fingerprint=fp, refused_at=12.5))
     again = CredentialState.from_data(state.to_data(), "reporting")
-    assert again.refresh_token_input_fingerprint == fp
-    assert again.refresh_token_refused_at == 12.5
+    assert again.refresh.input_fingerprint == fp
+    assert again.refresh.refused_at == 12.5
     with pytest.raises(VaultDataError, match="refresh_token_refused_at"):
         CredentialState.from_data({"refresh_token_refused_at": "soon"}, "reporting")
 
@@ -412,8 +427,8 @@ async def test_an_imported_token_is_used_and_the_previous_chain_revoked(world: W
     assert world.server.used_refresh == [CONSENT]
     assert world.server.revoked == ["rt-1-secretvalue"]  # the chain it held before
     state = await world.state()
-    assert state.refresh_token == Secret("rt-2-secretvalue")
-    assert state.burned_refresh_token is None
+    assert state.refresh.token == Secret("rt-2-secretvalue")
+    assert state.refresh.burned is None
     assert await world.published_token() == "at-2-secretvalue"
 
 
@@ -430,14 +445,14 @@ async def test_a_refused_import_leaves_the_record_as_it_was(world: World) -> Non
     assert "invalid_grant" in str(outcome.error)
     assert "rt-typo-not-issued" not in str(outcome.error)
     state = await world.state()
-    assert state.refresh_token == before.refresh_token == Secret("rt-1-secretvalue")
-    assert state.burned_refresh_token is None and state.refresh_in_flight is None
+    assert state.refresh.token == before.refresh.token == Secret("rt-1-secretvalue")
+    assert state.refresh.burned is None and state.refresh.in_flight is None
     assert all("rt-typo-not-issued" not in v for v in (await world.record()).values())
     # the credential's own standing is untouched: no failure counted, same schedule
-    assert state.consecutive_failures == 0 and state.phase == "ok"
-    assert state.next_due == before.next_due
+    assert state.token.consecutive_failures == 0 and state.token.phase == "ok"
+    assert state.token.next_due == before.token.next_due
     assert world.server.grants[-1] == "refresh_token"  # no fall back to client_credentials
-    assert world.observer.named("suspicious") == []  # an operator's typo is no theft
+    assert world.observer.of(Suspicious) == []  # an operator's typo is no theft
     assert world.server.revoked == []
     await due(world)
     assert (await job.run()).action == "refreshed"  # the previous chain still works
@@ -464,8 +479,8 @@ async def test_a_refused_import_that_cannot_be_put_back_is_never_sent_again(
     )
     assert "never sent again" in str(outcome.error)
     state = await world.state()
-    assert state.refresh_token == Secret("rt-typo-not-issued")
-    assert state.refresh_in_flight is not None  # so the next run burns it instead of sending it
+    assert state.refresh.token == Secret("rt-typo-not-issued")
+    assert state.refresh.in_flight is not None  # so the next run burns it instead of sending it
     world.server.handle = answer  # type: ignore[method-assign]
     world.clock.advance(400)
     assert (await world.job(seeded=False).run()).action == "refreshed"
@@ -478,7 +493,7 @@ async def test_an_import_replaces_a_token_whose_answer_was_lost(world: World) ->
     await due(world)
     world.server.lose_answers = 1
     await job.run()
-    assert (await world.state()).burned_refresh_token == Secret("rt-1-secretvalue")
+    assert (await world.state()).refresh.burned == Secret("rt-1-secretvalue")
     outcome = await import_token(world, CONSENT)
     assert outcome.action == "refreshed"
     assert world.server.used_refresh == ["rt-1-secretvalue", CONSENT]  # never rt-1 twice
@@ -488,11 +503,11 @@ async def test_an_import_replaces_a_token_whose_answer_was_lost(world: World) ->
 async def test_an_import_keeps_the_input_fingerprint(world: World) -> None:
     job = world.job()
     await job.run()
-    seeded = (await world.state()).refresh_token_input_fingerprint
+    seeded = (await world.state()).refresh.input_fingerprint
     outcome = await import_token(world, CONSENT_2, job)
     assert outcome.action == "refreshed"
     state = await world.state()
-    assert state.refresh_token_input_fingerprint == seeded
+    assert state.refresh.input_fingerprint == seeded
     assert world.seed.reads == 1
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass
@@ -10,18 +11,50 @@ import httpx
 import pytest
 
 from keyturn.clock import FakeClock, parse_rfc3339
+from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import VaultUnavailable
-from keyturn.layout import CredentialState
+from keyturn.events import Failed, Suspicious
+from keyturn.jobs.build import build_job
+from keyturn.jobs.job import CredentialJob, JobDeps
 from keyturn.policy import BackoffPolicy, RefreshPolicy
-from keyturn.providers.client import ProviderClient, ProviderSettings
-from keyturn.refresher import OAuthRefresher, OAuthTarget
+from keyturn.providers.client import ProviderClient
+from keyturn.references import SecretRef
 from keyturn.secret import Secret
+from keyturn.state import CredentialState, LeaseRecord
 from keyturn.testing.oauth import FakeOAuthServer
 from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
 
 STATE = "keyturn/state/reporting"
 PUBLISHED = "apps/reporting/acme"
+
+
+@dataclass
+class Inputs:
+    """The client inputs at their source, by credential name."""
+
+    name: str
+    values: dict[str, tuple[str, Secret]]
+
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        return self.values[self.name]
+
+    async def refresh_token(self) -> Secret | None:
+        return None
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None
+
+
+def oauth_credential(name: str, publish_to: str, **options: object) -> CredentialConfig:
+    return CredentialConfig(
+        name=name,
+        provider="acme",
+        client_id=SecretRef.env("CLIENT_ID"),
+        client_secret=SecretRef.env("CLIENT_SECRET"),
+        publish_to=publish_to,
+        **options,  # type: ignore[arg-type]
+    )
 
 
 @dataclass
@@ -32,36 +65,34 @@ class World:
     observer: RecordingObserver
     inputs: dict[str, tuple[str, Secret]]
 
+    def deps(self, instance: str = "i-1", seed: int = 4) -> JobDeps:
+        return JobDeps(
+            store=self.store,
+            observer=self.observer,
+            clock=self.clock,
+            rng=random.Random(seed),
+            instance_id=instance,
+            state_prefix="keyturn/state",
+        )
+
     def refresher(
         self, instance: str = "i-1", probe: str | None = "/v1/projects", scope: str | None = None
-    ) -> OAuthRefresher:
+    ) -> CredentialJob:
         client = ProviderClient(
-            ProviderSettings(name="acme", base_url="https://acme.test"),
+            ProviderConfig(name="acme", base_url="https://acme.test"),
             clock=self.clock,
             transport=self.server.transport(),
         )
-
-        async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
-            return self.inputs[name]
-
-        return OAuthRefresher(
-            OAuthTarget(
-                name="reporting",
-                provider="acme",
-                publish_to=PUBLISHED,
-                probe=probe,
-                scope=scope,
-                refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
-                backoff=BackoffPolicy(initial=1, maximum=300),
-            ),
-            client=client,
-            store=self.store,
-            inputs=inputs,
-            observer=self.observer,
-            clock=self.clock,
-            rng=random.Random(4),
-            instance_id=instance,
-            state_prefix="keyturn/state",
+        credential = oauth_credential(
+            "reporting",
+            PUBLISHED,
+            probe=probe,
+            scope=scope,
+            refresh=RefreshPolicy(at=0.66, jitter=0.1, margin=60),
+            backoff=BackoffPolicy(initial=1, maximum=300),
+        )
+        return build_job(
+            credential, client, None, Inputs("reporting", self.inputs), self.deps(instance)
         )
 
     async def state(self) -> CredentialState:
@@ -100,9 +131,9 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
         "writer": "i-1",
     }
     state = await world.state()
-    assert state.refresh_token == Secret("rt-1-secretvalue")
-    assert state.published_version == entry.version
-    assert state.lease_owner is None and state.phase == "ok"
+    assert state.refresh.token == Secret("rt-1-secretvalue")
+    assert state.token.published_version == entry.version
+    assert state.lease.owner is None and state.token.phase == "ok"
     assert world.clock.time() + 0.56 * 600 <= outcome.next_due <= world.clock.time() + 0.76 * 600
     # Consumers read when keyturn plans to replace the token: its own plan, in whole seconds.
     refresh_at = parse_rfc3339(entry.data["refresh_at"])
@@ -145,9 +176,9 @@ async def test_invalid_grant_is_reported_and_falls_back_to_client_credentials(wo
     outcome = await refresher.run()
     assert outcome.action == "refreshed"
     assert world.server.grants == ["client_credentials", "refresh_token", "client_credentials"]
-    suspicious = world.observer.named("suspicious")
-    assert [s[2] for s in suspicious] == ["refresh_token_rejected"]
-    assert (await world.state()).refresh_token == Secret("rt-2-secretvalue")
+    suspicious = world.observer.of(Suspicious)
+    assert [s.detector for s in suspicious] == ["refresh_token_rejected"]
+    assert (await world.state()).refresh.token == Secret("rt-2-secretvalue")
 
 
 async def test_a_token_rejected_by_the_probe_is_never_published(world: World) -> None:
@@ -162,10 +193,10 @@ async def test_a_token_rejected_by_the_probe_is_never_published(world: World) ->
     after = await world.store.read(PUBLISHED)
     assert before is not None and after is not None and after.version == before.version
     state = await world.state()
-    assert state.phase == "failing" and state.consecutive_failures == 1
+    assert state.token.phase == "failing" and state.token.consecutive_failures == 1
     # the new refresh token was kept even though nothing was published
-    assert state.refresh_token == Secret("rt-2-secretvalue")
-    assert [s[2] for s in world.observer.named("suspicious")] == ["fresh_credential_rejected"]
+    assert state.refresh.token == Secret("rt-2-secretvalue")
+    assert [s.detector for s in world.observer.of(Suspicious)] == ["fresh_credential_rejected"]
 
 
 @pytest.mark.parametrize(
@@ -187,7 +218,7 @@ async def test_bad_responses_fail_without_publishing(world: World, response, nee
     assert outcome.action == "failed"
     assert needle in str(outcome.error)
     assert await world.store.read(PUBLISHED) is None
-    assert (await world.state()).last_error == str(outcome.error)
+    assert (await world.state()).token.last_error == str(outcome.error)
 
 
 async def test_backoff_grows_and_honours_retry_after(world: World) -> None:
@@ -200,19 +231,19 @@ async def test_backoff_grows_and_honours_retry_after(world: World) -> None:
         early = await refresher.run()  # before the retry time: nothing is requested
         assert early.action == "fresh"
         world.clock.advance(outcome.next_due - world.clock.time())
-    assert (await world.state()).consecutive_failures == 5
+    assert (await world.state()).token.consecutive_failures == 5
     for attempt, delay in enumerate(delays):  # full jitter below a cap that doubles
         assert 1 <= delay <= 2**attempt
     world.server.next_responses.append(httpx.Response(429, headers={"Retry-After": "120"}))
     outcome = await refresher.run()
     assert outcome.next_due - world.clock.time() >= 120
-    assert (await world.state()).consecutive_failures == 6
+    assert (await world.state()).token.consecutive_failures == 6
 
 
 async def test_a_lease_held_by_another_instance_is_respected(world: World) -> None:
     await world.store.write(
         STATE,
-        CredentialState(lease_owner="i-2", lease_until=world.clock.time() + 30).to_data(),
+        CredentialState(lease=LeaseRecord("i-2", world.clock.time() + 30)).to_data(),
         cas=0,
     )
     outcome = await world.refresher("i-1").run()
@@ -231,7 +262,7 @@ async def test_an_external_write_is_reported_and_overwritten(world: World) -> No
     world.clock.advance(outcome.next_due - world.clock.time())
     outcome = await refresher.run(force=True)
     assert outcome.action == "refreshed"
-    assert [s[2] for s in world.observer.named("suspicious")] == ["published_secret_changed"]
+    assert [s.detector for s in world.observer.of(Suspicious)] == ["published_secret_changed"]
     entry = await world.store.read(PUBLISHED)
     assert entry is not None and entry.data["access_token"] != "planted"
 
@@ -274,8 +305,8 @@ async def test_missing_expires_in_uses_the_default_lifetime(world: World) -> Non
     world.server.expires_in = None
     await world.refresher().run()
     state = await world.state()
-    assert state.expires_at is not None and state.issued_at is not None
-    assert state.expires_at - state.issued_at == pytest.approx(3600, abs=1)
+    assert state.token.expires_at is not None and state.token.issued_at is not None
+    assert state.token.expires_at - state.token.issued_at == pytest.approx(3600, abs=1)
 
 
 async def test_no_secret_reaches_observers_or_outcomes(world: World) -> None:
@@ -285,13 +316,12 @@ async def test_no_secret_reaches_observers_or_outcomes(world: World) -> None:
         world.clock.advance(outcome.next_due - world.clock.time())
     world.server.probe_status = 401
     outcome = await refresher.run(force=True)
-    text = repr(world.observer.calls) + repr(outcome) + str(outcome.error)
+    events = world.observer.events
+    text = repr(events) + repr(outcome) + str(outcome.error)
     assert "secretvalue" not in text
     assert "cs-secret-value" not in text
-    assert (
-        json.dumps([str(a) for _, args in world.observer.calls for a in args]).count("secretvalue")
-        == 0
-    )
+    fields = [str(getattr(e, f.name)) for e in events for f in dataclasses.fields(e)]
+    assert json.dumps(fields).count("secretvalue") == 0
 
 
 MALFORMED = {
@@ -333,24 +363,16 @@ async def test_each_malformed_response_is_a_clear_error_and_others_keep_refreshi
         return world.server.handle(request)
 
     client = ProviderClient(
-        ProviderSettings(name="acme", base_url="https://acme.test"),
+        ProviderConfig(name="acme", base_url="https://acme.test"),
         clock=world.clock,
         transport=httpx.MockTransport(handler),
     )
-
-    async def inputs(name: str, fresh: bool) -> tuple[str, Secret]:
-        return ("bad", Secret("cs-secret-value"))
-
-    bad = OAuthRefresher(
-        OAuthTarget(name="bad", provider="acme", publish_to=bad_store_path),
-        client=client,
-        store=world.store,
-        inputs=inputs,
-        observer=world.observer,
-        clock=world.clock,
-        rng=random.Random(1),
-        instance_id="i-1",
-        state_prefix="keyturn/state",
+    bad = build_job(
+        oauth_credential("bad", bad_store_path),
+        client,
+        None,
+        Inputs("bad", {"bad": ("bad", Secret("cs-secret-value"))}),
+        world.deps(seed=1),
     )
     for _ in range(3):
         bad_outcome = await bad.run()
@@ -361,9 +383,9 @@ async def test_each_malformed_response_is_a_clear_error_and_others_keep_refreshi
     assert str(bad_outcome.error) == f"bad: {message}"
     assert await world.store.read(bad_store_path) is None
     assert (await world.store.read(PUBLISHED)) is not None
-    failures = world.observer.named("failed")
-    assert [f[0] for f in failures] == ["bad"] * 3
-    assert [f[4] for f in failures] == [1, 2, 3]
+    failures = world.observer.of(Failed)
+    assert [f.credential for f in failures] == ["bad"] * 3
+    assert [f.failures for f in failures] == [1, 2, 3]
 
 
 async def test_grant_drift_in_lifetime_is_reported(world: World) -> None:
@@ -372,9 +394,9 @@ async def test_grant_drift_in_lifetime_is_reported(world: World) -> None:
     world.server.expires_in = 60  # was 600
     world.clock.advance(outcome.next_due - world.clock.time())
     await refresher.run()
-    drift = [s for s in world.observer.named("suspicious") if s[2] == "grant_drift"]
+    drift = [s for s in world.observer.of(Suspicious) if s.detector == "grant_drift"]
     assert len(drift) == 1
-    assert "lifetime dropped from 600s to 60s" in str(drift[0][4])
+    assert "lifetime dropped from 600s to 60s" in drift[0].detail
 
 
 async def test_a_usual_lifetime_is_not_drift(world: World) -> None:
@@ -382,12 +404,12 @@ async def test_a_usual_lifetime_is_not_drift(world: World) -> None:
     for _ in range(3):
         outcome = await refresher.run()
         world.clock.advance(outcome.next_due - world.clock.time())
-    assert world.observer.named("suspicious") == []
+    assert world.observer.of(Suspicious) == []
 
 
 async def test_a_scope_other_than_asked_is_drift(world: World) -> None:
     world.server.scope = "projects:read admin"
     await world.refresher(scope="projects:read").run()
-    drift = [s for s in world.observer.named("suspicious") if s[2] == "grant_drift"]
+    drift = [s for s in world.observer.of(Suspicious) if s.detector == "grant_drift"]
     assert len(drift) == 1
-    assert "extra ['admin']" in str(drift[0][4])
+    assert "extra ['admin']" in drift[0].detail

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
 from keyturn.clock import FakeClock
+from keyturn.config import CredentialConfig, ProviderConfig, RotationPolicy
 from keyturn.errors import ProviderUnavailable, RotationError, VaultUnavailable
-from keyturn.job import CredentialJob, Journal
-from keyturn.kinds import api_key_job
-from keyturn.layout import CredentialState
-from keyturn.providers.client import ProviderClient, ProviderSettings
-from keyturn.rotation import KeyRotation, RotationSettings
+from keyturn.events import RotationStep, Suspicious
+from keyturn.jobs.build import build_job
+from keyturn.jobs.job import CredentialJob, JobDeps, Journal
+from keyturn.jobs.rotation import KeyRotation
+from keyturn.policy import BackoffPolicy
+from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import AwaitingManualKey, NewKey, RotationRequest
 from keyturn.secret import Secret
+from keyturn.state import CredentialState
+from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.rotator import FakeKeyProvider
 from keyturn.testing.vault import FakeVaultStore
 
@@ -26,17 +31,19 @@ DAY = 86400.0
 
 
 @dataclass
-class Calls:
-    events: list[tuple[str, tuple[object, ...]]]
+class Inputs:
+    """An api_key has no client inputs; `initial` stands for its `initial_key` input."""
 
-    def __getattr__(self, name: str):
-        def record(*args: object) -> None:
-            self.events.append((name, args))
+    initial: Callable[[], Awaitable[tuple[Secret, str | None]]] | None = None
 
-        return record
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        raise AssertionError("an api_key has no client inputs")
 
-    def rotations(self) -> list[object]:
-        return [args[3] for name, args in self.events if name == "rotation"]
+    async def refresh_token(self) -> Secret | None:
+        return None
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None if self.initial is None else await self.initial()
 
 
 class World:
@@ -44,35 +51,43 @@ class World:
         self.clock = FakeClock()
         self.store = FakeVaultStore(clock=self.clock)
         self.provider = FakeKeyProvider()
-        self.observer = Calls([])
+        self.observer = RecordingObserver()
 
     def job(self, rotator=None, initial=None) -> CredentialJob:
         client = ProviderClient(
-            ProviderSettings("acme", "https://acme.test"),
+            ProviderConfig(name="acme", base_url="https://acme.test"),
             clock=self.clock,
             transport=httpx.MockTransport(self.provider.probe),
         )
-        return api_key_job(
-            "billing",
+        credential = CredentialConfig(
+            name="billing",
             provider="acme",
+            kind="api_key",
+            client_id=None,
+            client_secret=None,
             publish_to=PUBLISHED,
             probe="/v1/users",
-            settings=RotationSettings(max_age=30 * DAY, grace=DAY, verify_attempts=3),
-            rotator=rotator or self.provider,
-            client=client,
+            rotation=RotationPolicy(max_age=30 * DAY, rotator="fake", grace=DAY, verify_attempts=3),
+            backoff=BackoffPolicy(initial=5.0, maximum=300.0),
+        )
+        deps = JobDeps(
             store=self.store,
             observer=self.observer,
             clock=self.clock,
             rng=random.Random(2),
             instance_id="i-1",
             state_prefix="keyturn/state",
-            initial_key=initial,
         )
+        return build_job(credential, client, rotator or self.provider, Inputs(initial), deps)
 
     async def state(self) -> CredentialState:
         entry = await self.store.read(STATE)
         assert entry is not None
         return CredentialState.from_data(entry.data, "billing")
+
+    def rotations(self) -> list[str]:
+        """The rotation steps reported, in order."""
+        return [event.result for event in self.observer.of(RotationStep)]
 
     async def published_key(self) -> str | None:
         entry = await self.store.read(PUBLISHED)
@@ -83,7 +98,7 @@ class World:
         for _ in range(limit):
             outcome = await job.run()
             state = await self.state()
-            if state.rotation_phase == "idle" and state.key is not None:
+            if state.rotation.phase == "idle" and state.rotation.key is not None:
                 return
             self.clock.advance(max(0.0, outcome.next_due - self.clock.time()))
         raise AssertionError("rotation did not finish")
@@ -111,11 +126,11 @@ async def test_first_run_creates_verifies_and_publishes_a_key(world: World) -> N
     assert entry.data["authorization"] == f"Bearer {key.value}"
     assert entry.custom_metadata["managed-by"] == "keyturn"
     state = await world.state()
-    assert state.rotation_phase == "idle"
-    assert state.phase == "ok"
+    assert state.rotation.phase == "idle"
+    assert state.token.phase == "ok"
     # Looked at again after one grace period (a `keyturn rotate` elsewhere may start one).
     assert outcome.next_due == pytest.approx(world.clock.time() + DAY, abs=1)
-    assert world.observer.rotations() == ["started", "created", "verified", "published"]
+    assert world.rotations() == ["started", "created", "verified", "published"]
 
 
 async def test_a_due_rotation_publishes_the_new_key_and_retires_the_old_after_grace(
@@ -130,11 +145,11 @@ async def test_a_due_rotation_publishes_the_new_key_and_retires_the_old_after_gr
     assert second != first
     assert sorted(k.value for k in world.provider.live()) == sorted([first, second])  # in grace
     assert outcome.next_due == pytest.approx(world.clock.time() + DAY, abs=1)
-    assert (await world.state()).rotation_phase == "retiring"
+    assert (await world.state()).rotation.phase == "retiring"
     world.clock.advance(DAY)
     await job.run()
     assert [k.value for k in world.provider.live()] == [second]
-    assert (await world.state()).rotation_phase == "idle"
+    assert (await world.state()).rotation.phase == "idle"
 
 
 async def test_not_due_means_nothing_happens(world: World) -> None:
@@ -165,8 +180,8 @@ async def test_a_failed_verification_keeps_the_current_key_published(world: Worl
     assert "rejected by probe" in str(outcome.error)
     assert await world.published_key() == first
     state = await world.state()
-    assert state.rotation_phase == "pending"
-    assert state.rotation_error is not None
+    assert state.rotation.phase == "pending"
+    assert state.rotation.error is not None
     world.clock.advance(outcome.next_due - world.clock.time())
     await world.until_idle(job)
     assert await world.published_key() != first
@@ -260,12 +275,12 @@ async def test_a_crash_at_any_step_resumes_without_a_lost_or_orphaned_key(
     current = await world.published_key()
     world.assert_no_orphans(current)
     assert len(world.provider.live()) == 1
-    assert (await world.state()).key == Secret(current or "")
+    assert (await world.state()).rotation.key == Secret(current or "")
     # Resuming after keyturn's own publish is not mistaken for someone else's write, now or
     # at the next rotation (the journal records the version that really holds the key).
     world.clock.advance(30 * DAY)
     await world.until_idle(restarted)
-    assert [e for e in world.observer.events if e[0] == "suspicious"] == []
+    assert world.observer.of(Suspicious) == []
 
 
 async def test_an_orphan_created_before_a_crash_is_found_and_revoked(world: World) -> None:
@@ -300,7 +315,7 @@ async def test_manual_keys_wait_for_import_then_continue_from_verification(
     assert outcome.action == "failed"
     assert "import-key" in str(outcome.error)
     assert outcome.next_due - world.clock.time() == pytest.approx(300)  # re-announced, no loop
-    assert "awaiting_manual" in world.observer.rotations()
+    assert "awaiting_manual" in world.rotations()
     made_by_hand = world.provider.add_key("typed-into-the-dashboard")
     rotation = job.task("rotation")
     assert isinstance(rotation, KeyRotation)

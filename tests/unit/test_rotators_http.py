@@ -1,6 +1,6 @@
 """The http rotator against an in-process admin API (httpx.MockTransport) whose answers are
 the sandbox's own: it is backed by `SandboxState` and renders records with the sandbox's
-model, as `keyturn.sandbox.admin` does. The rotators are configured with the docs' worked
+model, as `keyturn_devkit.sandbox.admin` does. The rotators are configured with the docs' worked
 example, so these tests also hold the documented pointers to the sandbox's real answers."""
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from keyturn.references import ReferenceResolver
 from keyturn.rotators.base import RotationRequest, Rotator
 from keyturn.rotators.build import build_rotator
 from keyturn.rotators.http import HttpRotator
-from keyturn.sandbox.config import Settings
-from keyturn.sandbox.model import NotFound, digest
-from keyturn.sandbox.state import SandboxState
 from keyturn.secret import Secret
+from keyturn_devkit.sandbox.config import Settings
+from keyturn_devkit.sandbox.model import NotFound, digest
+from keyturn_devkit.sandbox.state import SandboxState
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = "ktsb_admin_the-admin-token-value"

@@ -14,7 +14,7 @@ REQUEST = RotationRequest("legacy-key", "api_key", "r1", "keyturn-legacy-key-r1"
 
 
 async def test_create_waits_for_import_key() -> None:
-    rotator = ManualRotator(ManualRotatorConfig("by-hand"))
+    rotator = ManualRotator(ManualRotatorConfig(name="by-hand"))
     with pytest.raises(AwaitingManualKey) as caught:
         await rotator.create(REQUEST)
     assert isinstance(caught.value, RotationError)
@@ -26,7 +26,7 @@ async def test_create_waits_for_import_key() -> None:
 
 
 async def test_revoke_warns_that_the_old_key_must_be_revoked_by_hand() -> None:
-    rotator = ManualRotator(ManualRotatorConfig("by-hand"))
+    rotator = ManualRotator(ManualRotatorConfig(name="by-hand"))
     with capture_logs() as logs:
         await rotator.revoke(REQUEST, "key_0123")
     [event] = logs
@@ -41,7 +41,7 @@ async def test_revoke_warns_that_the_old_key_must_be_revoked_by_hand() -> None:
 
 
 async def test_find_cannot_list_and_aclose_holds_nothing() -> None:
-    rotator: Rotator = ManualRotator(ManualRotatorConfig("by-hand"))
+    rotator: Rotator = ManualRotator(ManualRotatorConfig(name="by-hand"))
     assert rotator.name == "by-hand"
     assert await rotator.find(REQUEST) is None
     await rotator.aclose()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from keyturn.dev.sandbox import to_toml
 from keyturn.errors import ConfigError
-from keyturn.sandbox.config import RateLimit, Settings, apply_settings, load_settings
+from keyturn_devkit.dev.sandbox import to_toml
+from keyturn_devkit.sandbox.config import RateLimit, Settings, apply_settings, load_settings
 
 
 def test_a_file_sets_every_key_it_names_and_defaults_the_rest(tmp_path: Path) -> None:

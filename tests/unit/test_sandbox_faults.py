@@ -8,8 +8,8 @@ import pytest
 
 from keyturn.clock import FakeClock
 from keyturn.errors import ConfigError
-from keyturn.sandbox.config import RateLimit
-from keyturn.sandbox.faults import FaultInjector, RateLimiter
+from keyturn_devkit.sandbox.config import RateLimit
+from keyturn_devkit.sandbox.faults import FaultInjector, RateLimiter
 
 
 def injector(seed: int = 7) -> tuple[FaultInjector, FakeClock]:

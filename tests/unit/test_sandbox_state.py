@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from keyturn.clock import FakeClock
-from keyturn.sandbox.config import Settings
-from keyturn.sandbox.model import BearerRejected, NotFound, OAuthApp, OAuthFailure
-from keyturn.sandbox.state import RETENTION_SECONDS, SandboxState
 from keyturn.secret import Secret
+from keyturn_devkit.sandbox.config import Settings
+from keyturn_devkit.sandbox.model import BearerRejected, NotFound, OAuthApp, OAuthFailure
+from keyturn_devkit.sandbox.state import RETENTION_SECONDS, SandboxState
 
 
 @pytest.fixture

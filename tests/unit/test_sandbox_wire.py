@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from keyturn.sandbox.model import OAuthFailure
-from keyturn.sandbox.wire import (
+from keyturn_devkit.sandbox.model import OAuthFailure
+from keyturn_devkit.sandbox.wire import (
     basic_credentials,
     bearer_challenge,
     bearer_value,

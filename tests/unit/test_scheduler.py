@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 from keyturn.clock import SystemClock
-from keyturn.layout import CredentialState
-from keyturn.refresher import Outcome
-from keyturn.scheduler import CredentialScheduler
+from keyturn.jobs.job import Outcome
+from keyturn.scheduler import CredentialScheduler, JobView
+from keyturn.state import CredentialState, TokenRecord
 
 CLOCK = SystemClock()
 
@@ -18,6 +18,7 @@ class Probe:
     """A fake credential job that records how often and how concurrently it ran."""
 
     name: str
+    kind: str = "oauth_client"
     work: float = 0.01
     next_in: float = 0.02
     crash: bool = False
@@ -57,7 +58,7 @@ async def test_every_job_runs_at_start_and_again_when_due() -> None:
     scheduler.start()
     await wait_until(lambda: all(job.runs >= 3 for job in jobs))
     assert await scheduler.shutdown(timeout=5)
-    assert all(scheduler.status[j.name].last_outcome is not None for j in jobs)
+    assert all(s.last_outcome is not None for s in scheduler.statuses())
 
 
 async def test_a_long_overdue_job_still_runs() -> None:
@@ -96,7 +97,8 @@ async def test_a_crashing_job_is_rescheduled_and_does_not_stop_others() -> None:
     await wait_until(lambda: healthy.runs >= 5)
     await scheduler.shutdown(timeout=5)
     assert broken.runs >= 1
-    outcome = scheduler.status["broken"].last_outcome
+    status = scheduler.status_of("broken")
+    outcome = status.last_outcome if status else None
     assert outcome is not None
     assert outcome.action == "failed"
     assert outcome.next_due > CLOCK.time()  # retried later, not in a hot loop
@@ -128,3 +130,36 @@ async def test_periodic_jobs_run_at_the_delay_they_ask_for() -> None:
     await asyncio.sleep(0.3)
     await scheduler.shutdown(timeout=5)
     assert len(calls) == 1
+
+
+@dataclass
+class Flaky:
+    """A job whose first run publishes version 7 and whose later runs crash."""
+
+    name: str = "flaky"
+    kind: str = "oauth_client"
+    runs: int = 0
+
+    async def run(self, *, force: bool = False) -> Outcome:
+        self.runs += 1
+        if self.runs > 1:
+            raise RuntimeError("bug in a job")
+        published = CredentialState(token=TokenRecord(published_version=7))
+        return Outcome("refreshed", CLOCK.time() + 3600, published)
+
+
+async def test_status_is_a_read_only_view_and_a_crash_keeps_the_last_state() -> None:
+    """Readiness and the watcher read the record as the last run left it: a run that crashed
+    changed nothing in Vault, so it does not blank what they see."""
+    scheduler = CredentialScheduler([Flaky()], clock=CLOCK)
+    assert scheduler.status_of("flaky") == JobView("flaky", "oauth_client", None, None, False)
+    assert scheduler.status_of("unknown") is None
+    await scheduler.run_now("flaky")
+    await scheduler.run_now("flaky")
+    await scheduler.shutdown(timeout=5)
+    view = scheduler.status_of("flaky")
+    assert view is not None and view.last_outcome is not None
+    assert view.last_outcome.action == "failed"
+    assert view.state is not None
+    assert (view.state.token.published_version, view.state.token.phase) == (7, "failing")
+    assert [v.name for v in scheduler.statuses()] == ["flaky"]

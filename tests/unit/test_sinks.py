@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from keyturn.clock import FakeClock, rfc3339
 from keyturn.config import Config, parse_config
 from keyturn.errors import ConfigError, VaultUnavailable
+from keyturn.events import Published, Restored
 from keyturn.layout import api_key_published_fields, oauth_published_fields
 from keyturn.logs import configure_logging
 from keyturn.observability import PrometheusObserver
@@ -642,11 +643,11 @@ async def test_a_hanging_command_holds_up_neither_events_nor_other_credentials(
     await eventually(lambda: len(hook_runs(script)) == 1)
     observer = world.manager.observer()
     started = time.monotonic()
-    observer.published("reporting", "acme", "oauth_client", 1.0, 2.0)
-    observer.restored("billing-key", "acme", "api_key", 3.0, 4.0, None, 0)
+    observer(Published("reporting", "acme", "oauth_client", 1.0, 2.0))
+    observer(Restored("billing-key", "acme", "api_key", 3.0, 4.0, None, 0))
     assert time.monotonic() - started < 0.05  # events only wake a worker
     await world.publish_key()
-    observer.published("billing-key", "acme", "api_key", 5.0, 6.0)
+    observer(Published("billing-key", "acme", "api_key", 5.0, 6.0))
     await eventually((tmp_path / "key").exists)
     assert (tmp_path / "key").read_text() == KEY
     started = time.monotonic()
@@ -686,14 +687,14 @@ async def test_journal_times_not_seen_before_wake_the_sinks(tmp_path: Path) -> N
     world.manager.start()
     await asyncio.wait_for(world.manager.settled(), timeout=10)
     observer = world.manager.observer()
-    observer.restored("reporting", "acme", "oauth_client", 10.0, 20.0, None, 0)
+    observer(Restored("reporting", "acme", "oauth_client", 10.0, 20.0, None, 0))
     await asyncio.wait_for(world.manager.settled(), timeout=10)
     reads = len(world.store.reads)
-    observer.restored("reporting", "acme", "oauth_client", 10.0, 20.0, None, 0)  # seen: no read
+    observer(Restored("reporting", "acme", "oauth_client", 10.0, 20.0, None, 0))  # seen: no read
     await asyncio.wait_for(world.manager.settled(), timeout=10)
     assert len(world.store.reads) == reads
     await world.publish(NEWER)
-    observer.restored("reporting", "acme", "oauth_client", 30.0, 40.0, None, 0)
+    observer(Restored("reporting", "acme", "oauth_client", 30.0, 40.0, None, 0))
     await eventually(lambda: path.read_text() == NEWER)
     await world.manager.stop(timeout=5)
 

@@ -22,7 +22,8 @@ from keyturn.commands.status import (
     status_rows,
 )
 from keyturn.config import Config, parse_config
-from keyturn.layout import CredentialState, state_path
+from keyturn.layout import state_path
+from keyturn.state import CredentialState, LeaseRecord, RotationJournal, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 
 DAY = 86400.0
@@ -107,6 +108,12 @@ def save(store: FakeVaultStore, config: Config, name: str, state: CredentialStat
     store.external_write(state_path(config.keyturn.state_prefix, name), data)
 
 
+def failing(consecutive_failures: int) -> CredentialState:
+    return CredentialState(
+        token=TokenRecord(phase="failing", consecutive_failures=consecutive_failures)
+    )
+
+
 def healthy(store: FakeVaultStore, config: Config, now: float) -> None:
     """reporting: a token valid 4 more minutes; billing: a key due for rotation in 29 days."""
     save(
@@ -114,13 +121,15 @@ def healthy(store: FakeVaultStore, config: Config, now: float) -> None:
         config,
         "reporting",
         CredentialState(
-            phase="ok",
-            issued_at=now - 600,
-            expires_at=now + 240,
-            next_due=now + 90,
-            last_success=now - 180,
-            published_version=7,
-            writer="host-a",
+            token=TokenRecord(
+                phase="ok",
+                issued_at=now - 600,
+                expires_at=now + 240,
+                next_due=now + 90,
+                last_success=now - 180,
+                published_version=7,
+                writer="host-a",
+            )
         ),
     )
     save(
@@ -128,21 +137,24 @@ def healthy(store: FakeVaultStore, config: Config, now: float) -> None:
         config,
         "billing",
         CredentialState(
-            phase="ok",
-            expires_at=now + 29 * DAY,
-            key_created_at=now - DAY,
-            key_id="key_42",
-            last_success=now - DAY,
-            next_due=now + 3600,
-            published_version=2,
-            writer="host-a",
+            token=TokenRecord(
+                phase="ok",
+                expires_at=now + 29 * DAY,
+                last_success=now - DAY,
+                next_due=now + 3600,
+                published_version=2,
+                writer="host-a",
+            ),
+            rotation=RotationJournal(key_created_at=now - DAY, key_id="key_42"),
         ),
     )
     save(
         store,
         config,
         "ledger",
-        CredentialState(phase="ok", expires_at=now + 3000, last_success=now - 600),
+        CredentialState(
+            token=TokenRecord(phase="ok", expires_at=now + 3000, last_success=now - 600)
+        ),
     )
 
 
@@ -265,12 +277,13 @@ async def test_a_failing_credential_shows_its_failures_lease_and_error(
         config,
         "reporting",
         CredentialState(
-            phase="failing",
-            expires_at=now + 60,
-            consecutive_failures=4,
-            last_error="reporting: HTTP 503, retry after 5s",
-            lease_owner="host-b",
-            lease_until=now + 20,
+            token=TokenRecord(
+                phase="failing",
+                expires_at=now + 60,
+                consecutive_failures=4,
+                last_error="reporting: HTTP 503, retry after 5s",
+            ),
+            lease=LeaseRecord("host-b", now + 20),
         ),
     )
     line = table_rows(render_table(await rows_of(config, store, clock), now))["reporting"]
@@ -289,7 +302,9 @@ async def test_control_and_bidi_characters_are_escaped(
         store,
         config,
         "ledger",
-        CredentialState(phase="failing", last_error="ledger: bad\x1b[2J\u202eevil\nnext"),
+        CredentialState(
+            token=TokenRecord(phase="failing", last_error="ledger: bad\x1b[2J\u202eevil\nnext")
+        ),
     )
     text = render_table(await rows_of(config, store, clock), clock.time())
     assert len(text.splitlines()) == 4  # a header and three rows, the error on its own row
@@ -350,7 +365,7 @@ async def test_rows_of_the_named_credentials_only(
     assert [row.credential for row in rows] == ["billing"]
     assert exit_code(rows) == EXIT_OK
     # Another credential failing does not change the exit code of a status that skips it.
-    save(store, config, "ledger", CredentialState(phase="failing", consecutive_failures=1))
+    save(store, config, "ledger", failing(consecutive_failures=1))
     assert exit_code(await status_rows(config, store, clock, chosen)) == EXIT_OK
     assert exit_code(await rows_of(config, store, clock)) == EXIT_NOT_OK
 
@@ -358,7 +373,7 @@ async def test_rows_of_the_named_credentials_only(
 async def test_exit_codes(config: Config, store: FakeVaultStore, clock: FakeClock) -> None:
     healthy(store, config, clock.time())
     assert exit_code(await rows_of(config, store, clock)) == EXIT_OK == 0
-    save(store, config, "ledger", CredentialState(phase="failing", consecutive_failures=2))
+    save(store, config, "ledger", failing(consecutive_failures=2))
     assert exit_code(await rows_of(config, store, clock)) == EXIT_NOT_OK == 3
     # A record that cannot be read: status could not be read, whatever the other rows say.
     store.external_write(

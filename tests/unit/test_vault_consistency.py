@@ -385,8 +385,9 @@ async def test_the_fake_can_play_a_lagging_standby() -> None:
     meta = await store.read_metadata("p")
     assert meta is not None and meta.current_version == 1 and set(meta.versions) == {1}
     assert (await store.read_metadata("p", consistent=True)).current_version == 2  # type: ignore[union-attr]
-    assert (await store.read_field("secret", "p", "n")).reveal() == "1"
-    assert (await store.read_field("secret", "p", "n", consistent=True)).reveal() == "2"
+    assert (await store.read_fields("secret", "p", ("n",)))["n"].reveal() == "1"
+    fields = await store.read_fields("secret", "p", ("n",), consistent=True)
+    assert fields["n"].reveal() == "2"
     with pytest.raises(VaultCasConflict):
         await store.write("p", {"n": "3"}, cas=1)  # check-and-set is judged on current data
     assert store.reads == [

@@ -61,8 +61,8 @@ async def test_times_come_from_the_injected_clock() -> None:
 async def test_read_field_reads_other_mounts() -> None:
     fake = FakeVaultStore()
     fake.external_write("oauth/billing", {"client_secret": "cs"}, mount="kv-team")
-    value = await fake.read_field("kv-team", "oauth/billing", "client_secret")
-    assert value == Secret("cs")
+    values = await fake.read_fields("kv-team", "oauth/billing", ("client_secret",))
+    assert values["client_secret"] == Secret("cs")
     assert await fake.read("oauth/billing") is None  # not on the store's own mount
 
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from keyturn.clock import FakeClock
+from keyturn.events import Event, Suspicious
+from keyturn.jobs.job import Outcome
+from keyturn.scheduler import JobView
+from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 from keyturn.watch import PublishedWatcher, WatchTarget
 
@@ -24,15 +28,21 @@ def make(
     journal: dict[str, int] | None = None,
     in_progress: bool = False,
 ):
-    seen: list[tuple[object, ...]] = []
+    seen: list[Suspicious] = []
     republished: list[str] = []
 
-    class Observer:
-        def suspicious(self, *args: object) -> None:
-            seen.append(args)
+    class Jobs:
+        """The scheduler's view: the version each job's last run left in its record."""
 
-        def __getattr__(self, name: str):
-            return lambda *args: None
+        def status_of(self, name: str) -> JobView | None:
+            if name not in known:
+                return None
+            state = CredentialState(token=TokenRecord(published_version=known[name]))
+            return JobView(name, "oauth_client", None, Outcome("fresh", 0.0, state), False)
+
+    def observer(event: Event) -> None:
+        if isinstance(event, Suspicious):
+            seen.append(event)
 
     async def republish(name: str) -> None:
         republished.append(name)
@@ -43,8 +53,8 @@ def make(
     watcher = PublishedWatcher(
         lambda: [WatchTarget("reporting", "acme", PATH)],
         store=store,
-        observer=Observer(),  # type: ignore[arg-type]
-        known_version=known.get,
+        observer=observer,
+        jobs=Jobs(),
         journal_version=journal_version,
         republish=republish,
         response=response,  # type: ignore[arg-type]
@@ -74,14 +84,14 @@ async def test_a_write_by_someone_else_is_reported_once_and_republished(
     await watcher.sweep()
     await watcher.sweep()  # same finding: not reported again
     assert len(seen) == 1
-    credential, provider, detector, severity, detail = seen[0]
-    assert (credential, provider, detector, severity) == (
+    [event] = seen
+    assert (event.credential, event.provider, event.detector, event.severity) == (
         "reporting",
         "acme",
         "published_secret_changed",
         "warning",
     )
-    assert "version 2 is current; keyturn last wrote 1" in str(detail)
+    assert "version 2 is current; keyturn last wrote 1" in event.detail
     assert republished == ["reporting"]  # once per finding, not on every sweep
 
 
@@ -91,7 +101,7 @@ async def test_alert_only_leaves_the_value_alone(store: FakeVaultStore) -> None:
     watcher, seen, republished = make(store, {"reporting": version}, response="alert")
     await watcher.sweep()
     assert len(seen) == 1
-    assert "response: alert" in str(seen[0][4])
+    assert "response: alert" in seen[0].detail
     assert republished == []
 
 
@@ -100,8 +110,8 @@ async def test_a_deleted_version_is_critical(store: FakeVaultStore) -> None:
     store.delete_versions(PATH)
     watcher, seen, _ = make(store, {"reporting": version})
     await watcher.sweep()
-    assert seen[0][3] == "critical"
-    assert f"version {version} was deleted" in str(seen[0][4])
+    assert seen[0].severity == "critical"
+    assert f"version {version} was deleted" in seen[0].detail
 
 
 async def test_a_destroyed_path_is_reported(store: FakeVaultStore) -> None:
@@ -109,7 +119,7 @@ async def test_a_destroyed_path_is_reported(store: FakeVaultStore) -> None:
     await store.delete_all(PATH)
     watcher, seen, _ = make(store, {"reporting": version})
     await watcher.sweep()
-    assert "deleted (metadata and all versions)" in str(seen[0][4])
+    assert "deleted (metadata and all versions)" in seen[0].detail
 
 
 async def test_foreign_metadata_is_reported(store: FakeVaultStore) -> None:
@@ -118,7 +128,7 @@ async def test_foreign_metadata_is_reported(store: FakeVaultStore) -> None:
     )
     watcher, seen, _ = make(store, {"reporting": version})
     await watcher.sweep()
-    assert "custom_metadata no longer says keyturn wrote it" in str(seen[0][4])
+    assert "custom_metadata no longer says keyturn wrote it" in seen[0].detail
 
 
 async def test_nothing_is_compared_before_keyturn_published(store: FakeVaultStore) -> None:

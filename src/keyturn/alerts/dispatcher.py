@@ -45,6 +45,7 @@ from keyturn.alerts.model import (
 from keyturn.clock import Clock
 from keyturn.logs import get_logger
 from keyturn.policy import backoff_delay
+from keyturn.ratelimit import TokenBucket
 
 DeliveryResult = Literal["success", "failed", "dropped"]
 OnDelivery = Callable[[str, DeliveryResult], None]
@@ -54,28 +55,6 @@ HOOK_FAILING = "alert_hook_failing"
 def _firing(alert: Alert) -> None:
     if not alert.firing:
         raise ValueError("fire() and notify() take a firing alert; use resolve()")
-
-
-class RateBucket:
-    """A non-blocking token bucket: `per_minute` alerts on average, bursts up to a minute's."""
-
-    def __init__(self, per_minute: float, clock: Clock) -> None:
-        if per_minute <= 0:
-            raise ValueError("per_minute must be positive")
-        self._rate = per_minute / 60.0
-        self._capacity = max(1.0, per_minute)
-        self._tokens = self._capacity
-        self._clock = clock
-        self._updated = clock.monotonic()
-
-    def take(self) -> bool:
-        now = self._clock.monotonic()
-        self._tokens = min(self._capacity, self._tokens + (now - self._updated) * self._rate)
-        self._updated = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
 
 
 @dataclass(slots=True)
@@ -90,7 +69,7 @@ class _Lane:
 
     hook: AlertHook
     queue: asyncio.Queue[Alert]
-    bucket: RateBucket
+    bucket: TokenBucket
     sent: dict[str, _Sent] = field(default_factory=dict)  # enqueued firing, by fingerprint
     delivered: set[str] = field(default_factory=set)  # firing alerts the receiver has
     failures: int = 0  # consecutive failed deliveries
@@ -131,7 +110,7 @@ class AlertDispatcher:
         for hook in hooks:
             if any(lane.name == hook.name for lane in self._lanes):
                 raise ValueError(f"two alert hooks are named {hook.name!r}")
-            bucket = RateBucket(hook.policy.rate_limit, clock)
+            bucket = TokenBucket.per_minute(hook.policy.rate_limit, clock)
             self._lanes.append(_Lane(hook, asyncio.Queue(maxsize=queue_size), bucket))
         self._active: dict[str, Alert] = {}
         self._stopping = asyncio.Event()

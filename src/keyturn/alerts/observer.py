@@ -1,16 +1,20 @@
-"""`AlertingObserver`: credential events (`keyturn.events.Observer`) → alerts.
+"""`AlertingObserver`: credential events (`keyturn.events`) → alerts.
 
-- `suspicious(c, p, detector, severity, detail)` → `Keyturn<Detector>` with that severity.
+- `Suspicious(c, p, detector, severity, detail)` → `Keyturn<Detector>` with that severity.
   A condition for `client_rejected` and `fresh_credential_rejected` (resolved when `c`
   publishes again); an event (sent, never resolved by keyturn) for every other detector.
-- `failed(c, p, kind, error, n)` with n ≥ `failing_after` (3) → `KeyturnCredentialFailing`,
+  One about keyturn itself (no `c`) is summarised by its detail alone.
+- `Failed(c, p, kind, error, n)` with n ≥ `failing_after` (3) → `KeyturnCredentialFailing`,
   warning; critical from n ≥ `critical_after` (5).
-- `published(c, …)` → resolves `credential_failing`, `client_rejected` and
+- `Published(c, …)` → resolves `credential_failing`, `client_rejected` and
   `fresh_credential_rejected` of `c`.
-- `rotation(c, p, kind, "awaiting_manual")` → `KeyturnManualRotationDue`, warning;
-  `rotation(c, p, kind, "published")` resolves it.
+- `RotationStep(c, p, kind, "awaiting_manual")` → `KeyturnManualRotationDue`, warning;
+  `RotationStep(c, p, kind, "published")` resolves it.
 
-Every call only decides and hands the alert to the dispatcher, which never waits.
+Other events raise nothing: a rejected probe arrives as `Suspicious` from the detector
+`fresh_credential_rejected`, and a credential still failing fires again at its next failed
+run, not when its record is read.
+Every event only decides and hands the alert to the dispatcher, which never waits.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from keyturn.alerts.model import (
     fingerprint,
 )
 from keyturn.errors import KeyturnError
-from keyturn.events import IgnoringObserver, Observer
+from keyturn.events import Event, Failed, Published, RotationStep, Suspicious
 
 CREDENTIAL_FAILING = "credential_failing"
 MANUAL_ROTATION_DUE = "manual_rotation_due"
@@ -48,11 +52,8 @@ def _error_text(error: Exception) -> str:
     return type(error).__name__
 
 
-class AlertingObserver(IgnoringObserver):
-    """Implements `keyturn.events.Observer`; add it to the runtime's `Observers`. Events not
-    overridden here raise nothing (a rejected probe arrives as
-    `suspicious("fresh_credential_rejected")`; a credential still failing fires again at its
-    next failed run, not when its record is read)."""
+class AlertingObserver:
+    """An observer of `keyturn.events`; add it to the runtime's `Observers`."""
 
     def __init__(
         self,
@@ -81,46 +82,33 @@ class AlertingObserver(IgnoringObserver):
             runbook_base=self._runbook_base,
         )
 
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        for detector in CLEARED_BY_PUBLISH:
-            self._dispatcher.resolve(fingerprint(detector, credential, provider))
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        if failures < self._failing_after:
-            return
-        severity: Severity = "critical" if failures >= self._critical_after else "warning"
-        summary = f"{credential}: {failures} consecutive failed runs; last: {_error_text(error)}"
-        self._dispatcher.fire(
-            self._alert(CREDENTIAL_FAILING, severity, summary, credential, provider)
-        )
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        level = _severity(severity)
-        alert = self._alert(detector, level, f"{credential}: {detail}", credential, provider)
-        if detector in CLEARED_BY_PUBLISH:
-            self._dispatcher.fire(alert)
-        else:
-            self._dispatcher.notify(alert)
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        if result == "awaiting_manual":
-            summary = (
-                f"{credential}: the {kind} is due for rotation and waits for a person: "
-                f"keyturn import-key {credential}"
-            )
-            self._dispatcher.fire(
-                self._alert(MANUAL_ROTATION_DUE, "warning", summary, credential, provider)
-            )
-        elif result == "published":
-            self._dispatcher.resolve(fingerprint(MANUAL_ROTATION_DUE, credential, provider))
-
-
-def as_observer(observer: AlertingObserver) -> Observer:
-    """`AlertingObserver` typed as `Observer` (mypy checks that it implements the protocol)."""
-    return observer
+    def __call__(self, event: Event) -> None:
+        match event:
+            case Published(credential=credential, provider=provider):
+                for detector in CLEARED_BY_PUBLISH:
+                    self._dispatcher.resolve(fingerprint(detector, credential, provider))
+            case Failed(credential, provider, _kind, error, n) if n >= self._failing_after:
+                level: Severity = "critical" if n >= self._critical_after else "warning"
+                summary = f"{credential}: {n} consecutive failed runs; last: {_error_text(error)}"
+                self._dispatcher.fire(
+                    self._alert(CREDENTIAL_FAILING, level, summary, credential, provider)
+                )
+            case Suspicious(credential, provider, detector, severity, detail):
+                summary = f"{credential}: {detail}" if credential is not None else detail
+                alert = self._alert(
+                    detector, _severity(severity), summary, credential or "", provider or ""
+                )
+                if detector in CLEARED_BY_PUBLISH:
+                    self._dispatcher.fire(alert)
+                else:
+                    self._dispatcher.notify(alert)
+            case RotationStep(credential, provider, kind, "awaiting_manual"):
+                summary = (
+                    f"{credential}: the {kind} is due for rotation and waits for a person: "
+                    f"keyturn import-key {credential}"
+                )
+                self._dispatcher.fire(
+                    self._alert(MANUAL_ROTATION_DUE, "warning", summary, credential, provider)
+                )
+            case RotationStep(credential, provider, _kind, "published"):
+                self._dispatcher.resolve(fingerprint(MANUAL_ROTATION_DUE, credential, provider))

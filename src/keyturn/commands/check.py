@@ -33,13 +33,13 @@ from keyturn.errors import (
     VaultError,
     VerificationFailed,
 )
-from keyturn.kinds import revoke_verification_grant
-from keyturn.layout import CredentialState, state_path
+from keyturn.kinds.oauth_client import revoke_verification_grant
+from keyturn.layout import state_path
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import parse_error_response
 from keyturn.references import ReferenceResolver, SecretRef
-from keyturn.runtime import provider_settings
 from keyturn.secret import Secret
+from keyturn.state import CredentialState
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.mounts import inspect_mount
 from keyturn.vault.store import KvStore
@@ -240,8 +240,7 @@ async def _check_live(config: Config, store: VaultStore, report: Report) -> None
     resolver = ReferenceResolver(os.environ, store)
     clock = SystemClock()
     clients = {
-        name: ProviderClient(provider_settings(provider), clock=clock)
-        for name, provider in config.providers.items()
+        name: ProviderClient(provider, clock=clock) for name, provider in config.providers.items()
     }
     try:
         for credential in config.credentials:
@@ -284,7 +283,7 @@ async def _live_oauth(
     assert credential.client_secret is not None
     client_id = (await _resolve(resolver, credential.client_id)).reveal()
     # After a client-secret rotation the current secret lives in the state, not the input.
-    rotated = state.key if state is not None else None
+    rotated = state.rotation.key if state is not None else None
     secret = rotated or await _resolve(resolver, credential.client_secret)
     try:
         token = await client.request_token(
@@ -313,7 +312,8 @@ def _refusal(
 ) -> str:
     """Why a token request was refused, as far as keyturn's own record can tell: a credential
     that never worked has wrong inputs; one that did was changed somewhere else."""
-    if state is None or state.last_success is None:
+    last_success = state.token.last_success if state is not None else None
+    if last_success is None:
         client_id = credential.client_id
         named = f"{client_id} (inline)" if client_id and client_id.is_inline else f"{client_id}"
         return (
@@ -327,7 +327,7 @@ def _refusal(
     )
     return (
         f"token request refused ({code}), though it last succeeded at "
-        f"{rfc3339(state.last_success)}: {secret} may have been changed or revoked outside keyturn"
+        f"{rfc3339(last_success)}: {secret} may have been changed or revoked outside keyturn"
     )
 
 
@@ -337,8 +337,8 @@ async def _live_api_key(
     resolver: ReferenceResolver,
     state: CredentialState | None,
 ) -> str:
-    if state is not None and state.key is not None:
-        key, which = state.key, "the current key"
+    if state is not None and state.rotation.key is not None:
+        key, which = state.rotation.key, "the current key"
     elif credential.initial_key is not None:
         key = await _resolve(resolver, credential.initial_key)
         which = f"initial_key ({credential.initial_key})"

@@ -19,7 +19,7 @@ from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.commands.rotate import report
 from keyturn.errors import KeyturnError
-from keyturn.job import Journal
+from keyturn.jobs.job import Journal
 from keyturn.runtime import Runtime
 from keyturn.secret import Secret
 

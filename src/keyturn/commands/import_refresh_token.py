@@ -27,8 +27,8 @@ from keyturn.commands import load_or_report
 from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
-from keyturn.job import Journal, Outcome
-from keyturn.refresher import RefreshTokenRefused, TokenRefresh, valid_refresh_token
+from keyturn.jobs.job import Journal, Outcome
+from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh, valid_refresh_token
 from keyturn.runtime import Runtime
 from keyturn.secret import Secret
 
@@ -85,28 +85,25 @@ def run(args: argparse.Namespace) -> int:
 def report(name: str, outcome: Outcome, token: Secret, *, imported: bool) -> int:
     """One line: on stdout when the imported token worked, else on stderr with what keyturn
     holds now. Never the token."""
-    state = outcome.state
-    if imported and outcome.action == "refreshed" and state.expires_at is not None:
-        print(
-            f"{name}: refresh token imported; refreshed with it; "
-            f"expires {rfc3339(state.expires_at)}"
-        )
+    held, expires_at = outcome.state.refresh, outcome.state.token.expires_at
+    if imported and outcome.action == "refreshed" and expires_at is not None:
+        print(f"{name}: refresh token imported; refreshed with it; expires {rfc3339(expires_at)}")
         return 0
     error = outcome.error or outcome.action
     if not imported:
         after = "nothing was imported"
     elif isinstance(outcome.error, RefreshTokenRefused):
         after = ""  # its message says the token was not kept
-    elif state.refresh_token == token and state.refresh_in_flight is not None:
+    elif held.token == token and held.in_flight is not None:
         after = "the imported refresh token is marked as used: keyturn never sends it again"
-    elif state.refresh_token == token:
+    elif held.token == token:
         after = "the imported refresh token is stored; keyturn tries it again at the next run"
-    elif state.burned_refresh_token == token:
+    elif held.burned == token:
         after = (
             "the answer to the refresh was lost, so the imported token may be used up: keyturn "
             "never sends it again; import a new one"
         )
-    elif state.refresh_token is not None:
+    elif held.token is not None:
         after = "the provider accepted it; keyturn holds the refresh token it was rotated to"
     else:
         after = "keyturn holds no refresh token"

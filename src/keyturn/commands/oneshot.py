@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument
 from keyturn.config import Config
-from keyturn.job import Journal, Outcome
+from keyturn.jobs.job import Journal, Outcome
 from keyturn.runtime import Runtime, open_runtime
 
 

@@ -33,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyturnError as error:
         print(f"keyturn refresh: {error}", file=sys.stderr)
         return 1
-    if outcome.action == "refreshed" and outcome.state.expires_at is not None:
-        print(f"{args.name}: refreshed; expires {rfc3339(outcome.state.expires_at)}")
+    expires_at = outcome.state.token.expires_at
+    if outcome.action == "refreshed" and expires_at is not None:
+        print(f"{args.name}: refreshed; expires {rfc3339(expires_at)}")
         return 0
     print(f"keyturn refresh: {outcome.error or outcome.action}", file=sys.stderr)
     return 1

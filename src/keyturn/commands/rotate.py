@@ -15,7 +15,7 @@ from keyturn.clock import rfc3339
 from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
-from keyturn.job import Outcome
+from keyturn.jobs.job import Outcome
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,17 +39,17 @@ def run(args: argparse.Namespace) -> int:
 
 def report(name: str, outcome: Outcome, command: str) -> int:
     """One line saying where the rotation stands; exit 0 when a new key is in use."""
-    state = outcome.state
-    if outcome.action == "rotated" and state.rotation_phase in ("retiring", "idle"):
+    rotation = outcome.state.rotation
+    if outcome.action == "rotated" and rotation.phase in ("retiring", "idle"):
         retire = (
-            f"; the previous key is revoked after {rfc3339(state.previous_retire_at)}"
-            if state.previous_retire_at
+            f"; the previous key is revoked after {rfc3339(rotation.previous_retire_at)}"
+            if rotation.previous_retire_at
             else ""
         )
-        print(f"{name}: rotated; new key {state.key_id or '(no id)'} in use{retire}")
+        print(f"{name}: rotated; new key {rotation.key_id or '(no id)'} in use{retire}")
         return 0
-    if state.rotation_phase == "retiring" and outcome.error is None:
-        until = rfc3339(state.previous_retire_at or 0)
+    if rotation.phase == "retiring" and outcome.error is None:
+        until = rfc3339(rotation.previous_retire_at or 0)
         print(
             f"keyturn {command}: {name}: the previous key is in its grace period until {until}; "
             "a new rotation can start after that",

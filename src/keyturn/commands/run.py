@@ -16,9 +16,9 @@ from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config
 from keyturn.daemon import run_daemon
 from keyturn.errors import KeyturnError
+from keyturn.jobs.job import Checkpoint, no_checkpoint
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
-from keyturn.rotation import Checkpoint, no_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, *, checkpoint: Checkpoint = no_checkpoint) -> int:
-    """`checkpoint`: see `keyturn.rotation.CHECKPOINTS` (only the crash tests pass one)."""
+    """`checkpoint`: see `keyturn.jobs.rotation.CHECKPOINTS` (only the crash tests pass one)."""
     config = load_or_report(args.config, one_shot=False)
     if config is None:
         return 1

@@ -23,7 +23,8 @@ from keyturn.clock import Clock, SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
-from keyturn.layout import CredentialState, state_path
+from keyturn.layout import state_path
+from keyturn.state import CredentialState
 from keyturn.vault.store import KvStore
 
 EXIT_OK = 0
@@ -133,42 +134,45 @@ async def status_rows(
 
     async def one(credential: CredentialConfig) -> StatusRow:
         name = credential.name
+        unreadable: str | None = None
         try:
             entry = await store.read(state_path(config.keyturn.state_prefix, name))
             state = CredentialState.from_data(entry.data, name) if entry else CredentialState()
         except KeyturnError as error:
-            state = CredentialState(phase=UNKNOWN, last_error=str(error))
-        phase = state.phase
+            state, unreadable = CredentialState(), str(error)
+        token, journal = state.token, state.rotation
+        phase: str = UNKNOWN if unreadable is not None else token.phase
         # An access token expires; an API key past its rotation date still works.
-        expired = state.expires_at is not None and state.expires_at <= clock.time()
+        expired = token.expires_at is not None and token.expires_at <= clock.time()
         if expired and credential.kind == "oauth_client":
             phase = "expired"
         rotation = credential.rotation
         rotates_at: float | None = None
         if rotation is not None:
-            if state.rotation_phase == "retiring":
-                rotates_at = state.previous_retire_at
-            elif state.rotation_phase == "idle" and state.key_created_at is not None:
-                rotates_at = state.key_created_at + rotation.max_age
+            if journal.phase == "retiring":
+                rotates_at = journal.previous_retire_at
+            elif journal.phase == "idle" and journal.key_created_at is not None:
+                rotates_at = journal.key_created_at + rotation.max_age
             else:
-                rotates_at = state.rotation_retry_at
+                rotates_at = journal.retry_at
+        lease_until = state.lease.until
         return StatusRow(
             credential=name,
             kind=credential.kind,
             provider=credential.provider,
             phase=phase,
-            expires_at=state.expires_at,
-            next_refresh=state.next_due,
-            last_success=state.last_success,
-            last_error=state.last_error or (state.rotation_error if rotation else None),
-            consecutive_failures=state.consecutive_failures,
-            refreshing=state.lease_until is not None and state.lease_until > clock.time(),
-            owner=state.lease_owner or state.writer,
-            published_version=state.published_version,
-            key_id=state.key_id if credential.kind == "api_key" else None,
-            rotation_phase=state.rotation_phase if rotation is not None else None,
+            expires_at=token.expires_at,
+            next_refresh=token.next_due,
+            last_success=token.last_success,
+            last_error=unreadable or token.last_error or (journal.error if rotation else None),
+            consecutive_failures=token.consecutive_failures,
+            refreshing=lease_until is not None and lease_until > clock.time(),
+            owner=state.lease.owner or token.writer,
+            published_version=token.published_version,
+            key_id=journal.key_id if credential.kind == "api_key" else None,
+            rotation_phase=journal.phase if rotation is not None else None,
             rotates_at=rotates_at,
-            rotation_error=state.rotation_error if rotation is not None else None,
+            rotation_error=journal.error if rotation is not None else None,
         )
 
     chosen = config.credentials if credentials is None else credentials

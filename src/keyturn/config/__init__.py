@@ -3,11 +3,11 @@
     from keyturn.config import load_config
     config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
 
-See docs/configuration.md for every key. Modules: `schema` (the objects), `load` (parsing and
-validation), `rotators` (`[[rotators]]` and `rotation`), `sinks` (a credential's `sinks`),
-`alerts` (`[[alerts]]`), `reader`
-and `fields` (how raw values and overrides are read), `templates` (an http rotator's
-templates and JSON pointers), `durations`.
+See docs/configuration.md for every key. Modules: `schema` (the pydantic models: every key,
+type, default and Literal, and the objects the code reads), `fields` (the value types: how one
+value is read and what a problem line says), `load` (the file, entry names, pydantic's errors
+as problem lines), `overrides` (`KEYTURN_…` variables), `keys` (reading the schema: each
+table's keys), `templates` (an http rotator's templates and JSON pointers), `durations`.
 """
 
 from keyturn.config.durations import format_duration, parse_duration

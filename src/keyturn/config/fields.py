@@ -1,28 +1,35 @@
-"""Field types of the configuration: how a raw TOML value (or an override's text) is read.
+"""The value types of the configuration: how one TOML value (or an override's text) is read.
 
-A `Field` pairs a description of what is expected with a `convert(value, from_env)` that
-returns the typed value or raises `Invalid("<what was wrong>; expected <what>")`. Values
-from the environment are text and are read by the field's type (`true`/`false`/`1`/`0`,
-numbers, durations). Fields that may hold a secret never put the value in a message.
+A type is `Annotated[T, Check(...)]` on a field of a schema model (`keyturn.config.schema`).
+A `Check` holds what is expected (the text after "expected" in a problem line) and a
+`read(value, from_env)` that returns the typed value or raises `Invalid("<what was wrong>;
+expected <what>")`. It replaces pydantic's own coercion: `"8"` is not an integer and `1.0`
+not a boolean in the file. An override's text arrives as `EnvText` and is read by the key's
+type (`true`/`1`, numbers, a JSON array or "a,b" for lists). A type that may hold a secret
+never puts the value in a message.
 
-Every number has a range, and the message of a value outside it states the range: a
-duration is at most `maximum` seconds, an integer at most `maximum`, so that a typo such as
-`"100000000000d"` or `1e308` is refused at load rather than overflowing a timer later.
+Every number has a range, and the message of a value outside it states the range, so that a
+typo such as `"100000000000d"` or `1e308` is refused at load rather than overflowing a timer.
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
+from pydantic import GetCoreSchemaHandler, ValidationInfo
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
 from keyturn.config.durations import DURATION_HELP, format_duration, parse_duration
+from keyturn.config.templates import body_problem, placeholders, pointer_tokens, stray_brace
 from keyturn.references import (
     KV_SEGMENT,
     REFERENCE_FORMS,
@@ -30,9 +37,6 @@ from keyturn.references import (
     looks_like_reference,
     parse_reference,
 )
-
-T = TypeVar("T")
-S = TypeVar("S", bound=str)
 
 NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 NAME_EXPECTED = (
@@ -57,10 +61,104 @@ class Invalid(Exception):
     """A value is wrong; the message is `<what was wrong>; expected <what>`, secret-free."""
 
 
+class EnvText(str):
+    """The text of a `KEYTURN_…` override, which each type reads by its own rules."""
+
+
 @dataclass(frozen=True, slots=True)
-class Field(Generic[T]):
-    expected: str
-    convert: Callable[[object, bool], T]
+class LoadContext:
+    """What validation knows beyond one table (pydantic's validation context).
+
+    providers / credentials: the declared entry names; rotators: each declared name with its
+    type (None if invalid) and whether its templates use {client_id}. Each is None when some
+    entry has no valid name: then "no such entry" would be a guess.
+    """
+
+    source: str
+    base_dir: Path
+    state_prefix: str
+    providers: list[str] | None
+    rotators: Mapping[str, tuple[str | None, bool]] | None
+    credentials: list[str] | None
+
+
+def context_of(info: ValidationInfo) -> LoadContext | None:
+    return info.context if isinstance(info.context, LoadContext) else None
+
+
+def problem(message: str) -> PydanticCustomError:
+    """A problem line's message as a pydantic error (its text is never formatted again)."""
+    return PydanticCustomError("keyturn", "{msg}", {"msg": message})
+
+
+class Check:
+    """A leaf type: what it `expected`s, and how it `read`s a TOML value or an override's text.
+    It checks what a file says; an object the code makes (no `LoadContext`) is taken as it is,
+    as the code's own values are already typed."""
+
+    def __init__(self, expected: str, read: Callable[[Any, bool], Any] | None = None) -> None:
+        self.expected = expected
+        self._read = read
+
+    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> Any:
+        assert self._read is not None
+        return self._read(value, from_env)
+
+    def expected_for(self, annotation: Any) -> str:
+        return self.expected
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.with_info_plain_validator_function(self._validate)
+
+    def value(self, value: Any, context: LoadContext | None = None) -> Any:
+        """The typed value; Invalid if it is wrong."""
+        from_env = isinstance(value, EnvText)
+        return self.read(str(value) if from_env else value, from_env, context)
+
+    def valid(self, value: Any) -> Any:
+        """The typed value, or None if it is absent or wrong (a look at data not yet
+        validated)."""
+        try:
+            return None if value is None else self.value(value)
+        except Invalid:
+            return None
+
+    def _validate(self, value: Any, info: ValidationInfo) -> Any:
+        context = context_of(info)
+        if context is None:
+            return value
+        try:
+            return self.value(value, context)
+        except Invalid as exc:
+            raise problem(str(exc)) from None
+
+
+class OneOf(Check):
+    """One of the values of the field's `Literal`, exactly."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+
+    def expected_for(self, annotation: Any) -> str:
+        return "one of " + ", ".join(json.dumps(o) for o in get_args(annotation))
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        options, expected = get_args(source), self.expected_for(source)
+
+        def read(value: object, _env: bool) -> object:
+            for option in options:
+                if value == option:
+                    return option
+            raise Invalid(f"got {describe(value)}; expected {expected}")
+
+        return Check(expected, read).__get_pydantic_core_schema__(source, handler)
+
+
+ONE_OF = OneOf()
 
 
 def describe(value: object) -> str:
@@ -101,29 +199,28 @@ def _text(value: object, expected: str) -> str:
     return value
 
 
-def text(expected: str, rule: re.Pattern[str] | None = None) -> Field[str]:
+def text(expected: str, rule: re.Pattern[str] | None = None) -> Check:
     """A non-empty string, optionally matching `rule`."""
 
-    def convert(value: object, _env: bool) -> str:
+    def read(value: object, _env: bool) -> str:
         result = _text(value, expected)
         if rule is not None and not rule.fullmatch(result):
             raise Invalid(f"got {describe(result)}; expected {expected}")
         return result
 
-    return Field(expected, convert)
+    return Check(expected, read)
 
 
-def choice(options: tuple[S, ...], expected: str | None = None) -> Field[S]:
-    """One of `options`, exactly."""
-    expected = expected or "one of " + ", ".join(json.dumps(o) for o in options)
+NAME = text(NAME_EXPECTED, NAME_RULE)
 
-    def convert(value: object, _env: bool) -> S:
-        for option in options:
-            if value == option:
-                return option
-        raise Invalid(f"got {describe(value)}; expected {expected}")
 
-    return Field(expected, convert)
+def _entry_name(value: object, _env: bool) -> str:
+    if not isinstance(value, str) or not NAME_RULE.fullmatch(value):
+        raise Invalid(f"got {describe(value)}; expected {NAME_EXPECTED}")
+    return value
+
+
+ENTRY_NAME = Check(NAME_EXPECTED, _entry_name)  # an entry's own name (blank shown as "")
 
 
 def _boolean(value: object, from_env: bool) -> bool:
@@ -138,15 +235,15 @@ def _boolean(value: object, from_env: bool) -> bool:
     raise Invalid(f"got {describe(value)}; expected {BOOLEAN.expected}")
 
 
-BOOLEAN: Field[bool] = Field("true or false (in the environment also 1 or 0)", _boolean)
+BOOLEAN = Check("true or false (in the environment also 1 or 0)", _boolean)
 
 
-def integer(minimum: int, maximum: int, unit: str = "") -> Field[int]:
+def integer(minimum: int, maximum: int, unit: str = "") -> Check:
     """An integer from `minimum` to `maximum` (both included); `unit` follows the range in
     messages, e.g. " (1 KiB to 64 MiB)"."""
     expected = f"an integer between {minimum} and {maximum}{unit}"
 
-    def convert(value: object, from_env: bool) -> int:
+    def read(value: object, from_env: bool) -> int:
         if from_env and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -155,13 +252,13 @@ def integer(minimum: int, maximum: int, unit: str = "") -> Field[int]:
             raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
         return value
 
-    return Field(expected, convert)
+    return Check(expected, read)
 
 
-def number(expected: str, check: Callable[[float], bool]) -> Field[float]:
+def number(expected: str, check: Callable[[float], bool]) -> Check:
     """A finite number (int or float) for which `check` holds; `expected` states the range."""
 
-    def convert(value: object, from_env: bool) -> float:
+    def read(value: object, from_env: bool) -> float:
         readable: str | float | None = None
         if isinstance(value, str):
             readable = value if from_env else None
@@ -179,21 +276,7 @@ def number(expected: str, check: Callable[[float], bool]) -> Field[float]:
             raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
         return result
 
-    return Field(expected, convert)
-
-
-def duration_range(
-    *, maximum: float, minimum: float = 0.0, positive: bool = False, off: bool = False
-) -> str:
-    """The words for a duration's range, e.g. "a duration between 1s and 365d"."""
-    if off:
-        return (
-            f"0 (off), or a duration between {format_duration(minimum)} and "
-            f"{format_duration(maximum)}"
-        )
-    if positive and minimum == 0:
-        return f"a duration greater than zero, at most {format_duration(maximum)}"
-    return f"a duration between {format_duration(minimum)} and {format_duration(maximum)}"
+    return Check(expected, read)
 
 
 def duration(
@@ -202,14 +285,20 @@ def duration(
     minimum: float = 0.0,
     positive: bool = False,
     off: bool = False,
-) -> Field[float]:
+) -> Check:
     """A duration in seconds (number or text such as "5m") of at most `maximum` seconds and at
     least `minimum`; greater than zero if `positive`. With `off`, 0 is also accepted (it
     turns the feature off) and `minimum` applies to any other value."""
-    bound = duration_range(maximum=maximum, minimum=minimum, positive=positive, off=off)
+    low, high = format_duration(minimum), format_duration(maximum)
+    if off:
+        bound = f"0 (off), or a duration between {low} and {high}"
+    elif positive and minimum == 0:
+        bound = f"a duration greater than zero, at most {high}"
+    else:
+        bound = f"a duration between {low} and {high}"
     expected = f"{bound}: {DURATION_HELP}"
 
-    def convert(value: object, _env: bool) -> float:
+    def read(value: object, _env: bool) -> float:
         try:
             seconds = parse_duration(value)
         except ValueError as exc:
@@ -220,14 +309,21 @@ def duration(
             raise Invalid(f"got {describe(value)}, which is out of range; expected {bound}")
         return seconds
 
-    return Field(expected, convert)
+    return Check(expected, read)
 
 
-def secret_reference(example: str) -> Field[SecretRef]:
+def _parsed(value: str) -> SecretRef:
+    try:
+        return parse_reference(value)
+    except ValueError as exc:
+        raise Invalid(f"malformed reference ({exc})") from None
+
+
+def secret_reference(example: str) -> Check:
     """A `vault:`/`env:`/`file:` reference; an inline value is refused and never echoed."""
     expected = f"a reference: {REFERENCE_FORMS} (e.g. {example})"
 
-    def convert(value: object, _env: bool) -> SecretRef:
+    def read(value: object, _env: bool) -> SecretRef:
         if not isinstance(value, str):
             raise Invalid(f"got {kind_of(value)}; expected {expected}")
         if not value.strip():
@@ -237,12 +333,9 @@ def secret_reference(example: str) -> Field[SecretRef]:
                 "got an inline secret, which is not allowed (its value is not shown); "
                 f"expected {expected}"
             )
-        try:
-            return parse_reference(value)
-        except ValueError as exc:
-            raise Invalid(f"malformed reference ({exc})") from None
+        return _parsed(value)
 
-    return Field(expected, convert)
+    return Check(expected, read)
 
 
 def _reference_or_inline(value: object, _env: bool) -> SecretRef:
@@ -251,15 +344,10 @@ def _reference_or_inline(value: object, _env: bool) -> SecretRef:
         if _CONTROL.search(result):
             raise Invalid(f"got {describe(result)}; expected a value without spaces or controls")
         return SecretRef.inline(result)
-    try:
-        return parse_reference(result)
-    except ValueError as exc:
-        raise Invalid(f"malformed reference ({exc})") from None
+    return _parsed(result)
 
 
-REFERENCE_OR_INLINE: Field[SecretRef] = Field(
-    f"a value or a reference: {REFERENCE_FORMS}", _reference_or_inline
-)
+REFERENCE_OR_INLINE = Check(f"a value or a reference: {REFERENCE_FORMS}", _reference_or_inline)
 
 
 def _url(value: object, _env: bool) -> str:
@@ -288,7 +376,7 @@ def _url(value: object, _env: bool) -> str:
     return result.rstrip("/")
 
 
-URL: Field[str] = Field("an https:// URL without ?query or #fragment", _url)
+URL = Check("an https:// URL without ?query or #fragment", _url)
 
 
 def _urls(value: object, from_env: bool) -> tuple[str, ...]:
@@ -296,15 +384,10 @@ def _urls(value: object, from_env: bool) -> tuple[str, ...]:
         value = [part.strip() for part in value.split(",") if part.strip()]
     if not isinstance(value, list) or not value:
         raise Invalid(f"got {describe(value)}; expected {URLS.expected}")
-    result: list[str] = []
-    for item in value:
-        url = _url(item, from_env)
-        if url not in result:
-            result.append(url)
-    return tuple(result)
+    return tuple(dict.fromkeys(_url(item, from_env) for item in value))
 
 
-URLS: Field[tuple[str, ...]] = Field(
+URLS = Check(
     'a non-empty array of https:// URLs, e.g. ["https://vault-1:8200", "https://vault-2:8200"]',
     _urls,
 )
@@ -341,15 +424,13 @@ def _listen(value: object, _env: bool) -> tuple[str, int]:
     return host, int(port_text)
 
 
-LISTEN: Field[tuple[str, int]] = Field(
-    'host:port with a port 0-65535, e.g. "127.0.0.1:9797" or "[::1]:9797"', _listen
-)
+LISTEN = Check('host:port with a port 0-65535, e.g. "127.0.0.1:9797" or "[::1]:9797"', _listen)
 
 
-def kv_path(expected: str) -> Field[str]:
+def kv_path(expected: str) -> Check:
     """A Vault path relative to a mount: segments joined by single '/', no '.'/'..'."""
 
-    def convert(value: object, _env: bool) -> str:
+    def read(value: object, _env: bool) -> str:
         result = _text(value, expected)
         if result.startswith("/"):
             raise Invalid(f'got {describe(result)}, which starts with "/"; expected {expected}')
@@ -358,7 +439,7 @@ def kv_path(expected: str) -> Field[str]:
                 raise Invalid(f"got {describe(result)}; expected {expected}")
         return result
 
-    return Field(expected, convert)
+    return Check(expected, read)
 
 
 def http_path_problem(path: str) -> str | None:
@@ -382,45 +463,371 @@ def http_path_problem(path: str) -> str | None:
     return None
 
 
-def _http_path(value: object, _env: bool) -> str:
-    expected = HTTP_PATH.expected
-    result = _text(value, expected)
-    problem = http_path_problem(result)
-    if problem is not None:
-        raise Invalid(f"got {describe(result)}{problem}; expected {expected}")
-    return result
-
-
-HTTP_PATH: Field[str] = Field(
+HTTP_PATH_EXPECTED = (
     'a path starting with "/", relative to the provider\'s base_url, e.g. "/oauth/token": '
     'no scheme or "//host", no "." or ".." segment, no backslash, spaces, control characters '
-    "or #fragment",
-    _http_path,
+    "or #fragment"
 )
 
 
-def fs_path(base_dir: Path) -> Field[Path]:
-    """A filesystem path (not a reference); a relative one is taken from `base_dir`."""
-    expected = "a filesystem path (relative paths start at the configuration file's directory)"
-
-    def convert(value: object, _env: bool) -> Path:
-        result = _text(value, expected)
-        if looks_like_reference(result):
-            raise Invalid(f"got a reference; expected {expected}, not a reference")
-        if "\x00" in result:
-            raise Invalid(f"got a path with a NUL character; expected {expected}")
-        return base_dir / result
-
-    return Field(expected, convert)
+def _http_path(value: object, expected: str) -> str:
+    result = _text(value, expected)
+    reason = http_path_problem(result)
+    if reason is not None:
+        raise Invalid(f"got {describe(result)}{reason}; expected {expected}")
+    return result
 
 
-def entry_name_problem(value: object) -> str | None:
-    """Why `value` is not a valid provider/credential name (None if it is)."""
-    if value is None:
-        return f"missing; expected {NAME_EXPECTED}"
-    if not isinstance(value, str) or not NAME_RULE.fullmatch(value):
-        return f"got {describe(value)}; expected {NAME_EXPECTED}"
+HTTP_PATH = Check(HTTP_PATH_EXPECTED, lambda value, _env: _http_path(value, HTTP_PATH_EXPECTED))
+
+
+def _listing(names: tuple[str, ...]) -> str:
+    return ", ".join(f"{{{n}}}" for n in names)
+
+
+def _placeholder_problem(template: str, allowed: tuple[str, ...]) -> str | None:
+    for name in placeholders(template):
+        if name in allowed:
+            continue
+        if name == "key_id":
+            return (
+                f"{{key_id}} is known only to revoke; expected placeholders among "
+                f"{_listing(allowed)}"
+            )
+        return f"unknown placeholder {{{name}}}; expected placeholders among {_listing(allowed)}"
     return None
 
 
-NAME: Field[str] = text(NAME_EXPECTED, NAME_RULE)
+def path_template(allowed: tuple[str, ...]) -> Check:
+    """An HTTP path whose `{placeholders}` are among `allowed`."""
+    expected = f"{HTTP_PATH_EXPECTED}; it may use {_listing(allowed)}"
+
+    def read(value: Any, _env: bool) -> str:
+        reason = http_path_problem(value) if isinstance(value, str) else ""
+        if reason is not None or not value.strip():
+            raise Invalid(f"got {describe(value)}{reason or ''}; expected {expected}")
+        path: str = value
+        if stray_brace(path):
+            raise Invalid(
+                f'got {describe(path)}, which has a "{{" or "}}" outside a {{placeholder}}; '
+                f"expected {expected}"
+            )
+        reason = _placeholder_problem(path, allowed)
+        if reason is not None:
+            raise Invalid(reason)
+        return path
+
+    return Check(expected, read)
+
+
+def body_template(allowed: tuple[str, ...]) -> Check:
+    """A JSON text with `{placeholders}` among `allowed` inside its strings (never echoed)."""
+    expected = f'a JSON text, e.g. \'{{"name": "{{key_name}}"}}\'; it may use {_listing(allowed)}'
+
+    def read(value: object, _env: bool) -> str:
+        if not isinstance(value, str) or not value.strip():
+            shown = "an empty string" if isinstance(value, str) else kind_of(value)
+            raise Invalid(f"got {shown}; expected {expected}")
+        reason = _placeholder_problem(value, allowed)
+        if reason is not None:
+            raise Invalid(reason)
+        reason = body_problem(value)
+        if reason is not None:
+            raise Invalid(f"{reason}; expected {expected}")
+        return value
+
+    return Check(expected, read)
+
+
+def json_pointer(to: str, *, allow_root: bool = False) -> Check:
+    """An RFC 6901 JSON pointer; "" (the whole response) only if `allow_root`."""
+    root = ', or "" for the whole response' if allow_root else ""
+    expected = f"a JSON pointer (RFC 6901) {to}{root}"
+
+    def read(value: object, _env: bool) -> str:
+        if not isinstance(value, str) or (value == "" and not allow_root):
+            shown = "an empty string" if value == "" else describe(value)
+            raise Invalid(f"got {shown}; expected {expected}")
+        try:
+            pointer_tokens(value)
+        except ValueError as exc:
+            raise Invalid(f"got {describe(value)} ({exc}); expected {expected}") from None
+        return value
+
+    return Check(expected, read)
+
+
+def _from_env_json(value: object, from_env: bool) -> object:
+    if from_env and isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _statuses(value: object, from_env: bool) -> tuple[int, ...]:
+    expected = STATUSES.expected
+    if from_env and isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value):
+        value = [int(part) for part in value.split(",") if part.strip()]
+    value = _from_env_json(value, from_env)
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"got {describe(value)}; expected {expected}")
+    for item in value:
+        if isinstance(item, bool) or not isinstance(item, int) or not 100 <= item <= 599:
+            raise Invalid(f"got {describe(item)} in the array; expected {expected}")
+    return tuple(dict.fromkeys(value))
+
+
+STATUSES = Check(
+    'a non-empty array of HTTP statuses (100-599), e.g. [200, 201] (in the environment "200,201")',
+    _statuses,
+)
+
+
+def command(example: str, *, from_env: bool = True) -> Check:
+    """A command as argv (run without a shell): a non-empty array of strings, the program an
+    absolute path or a name looked up in PATH. `from_env`: it can be overridden, with a JSON
+    array."""
+    expected = (
+        "a non-empty array of strings, the program first: an absolute path or a name looked up "
+        f"in PATH, e.g. {example}" + (" (in the environment a JSON array)" if from_env else "")
+    )
+
+    def read(value: object, env: bool) -> tuple[str, ...]:
+        value = _from_env_json(value, env)
+        if not isinstance(value, list) or not value:
+            raise Invalid(f"got {describe(value)}; expected {expected}")
+        for item in value:
+            if not isinstance(item, str) or not item or "\x00" in item:
+                shown = describe(item)
+                if item == "":
+                    shown = "an empty string"
+                elif isinstance(item, str):
+                    shown = "a string with a NUL character"
+                raise Invalid(f"got {shown} in the array; expected {expected}")
+        program = value[0]
+        if "/" in program and not program.startswith("/"):
+            raise Invalid(
+                f"got {describe(program)} as the program, a relative path; expected {expected}"
+            )
+        return tuple(value)
+
+    return Check(expected, read)
+
+
+class FsPath(Check):
+    """A filesystem path (not a reference); a relative one starts at the file's directory."""
+
+    def __init__(self) -> None:
+        expected = "a filesystem path (relative paths start at the configuration file's directory)"
+        super().__init__(expected)
+
+    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> Path:
+        result = _text(value, self.expected)
+        if looks_like_reference(result):
+            raise Invalid(f"got a reference; expected {self.expected}, not a reference")
+        if "\x00" in result:
+            raise Invalid(f"got a path with a NUL character; expected {self.expected}")
+        return (context.base_dir if context else Path()) / result
+
+
+FS_PATH = FsPath()
+
+_SINK_PATH_EXPECTED = (
+    'an absolute path of a file, e.g. "/run/keyturn/reporting/token.env": no "." or ".." '
+    'segment, no "//", not ending in "/", no control characters'
+)
+
+
+def _sink_path(value: object, _env: bool) -> Path:
+    expected = _SINK_PATH_EXPECTED
+    if not isinstance(value, str):
+        raise Invalid(f"got {describe(value)}; expected {expected}")
+    if not value.strip():
+        raise Invalid(f"got an empty string; expected {expected}")
+    if looks_like_reference(value):
+        raise Invalid(f"got a reference; expected {expected}, not a reference")
+    shown = describe(value)
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise Invalid(f"got a path with control characters; expected {expected}")
+    if not value.startswith("/"):
+        raise Invalid(f"got {shown}, a relative path; expected {expected}")
+    if value.endswith("/"):
+        raise Invalid(f'got {shown}, which ends in "/" (a directory); expected {expected}')
+    if any(segment in ("", ".", "..") for segment in value.split("/")[1:]):
+        reason = 'which has a "//", "." or ".." segment'
+        raise Invalid(f"got {shown}, {reason}; expected {expected}")
+    return Path(value)
+
+
+SINK_PATH = Check(_SINK_PATH_EXPECTED, _sink_path)
+
+_MODE_EXPECTED = (
+    'a file mode as a string of octal digits, e.g. "0600" or "0640": at most 0777, readable by '
+    "its owner (keyturn reads the file back), and no permission for others"
+)
+
+
+def _mode(value: object, _env: bool) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise Invalid(
+            f"got the number {describe(value)}; expected {_MODE_EXPECTED} (in quotes: a TOML "
+            "number is read in decimal)"
+        )
+    if not isinstance(value, str) or not re.fullmatch(r"(?:0o|0)?[0-7]{3}", value.strip()):
+        raise Invalid(f"got {describe(value)}; expected {_MODE_EXPECTED}")
+    mode = int(value.strip().removeprefix("0o"), 8)
+    if mode & 0o007:
+        raise Invalid(
+            f"got {describe(value)}, which gives others access to the secret; expected "
+            f"{_MODE_EXPECTED}"
+        )
+    if not mode & 0o400:
+        raise Invalid(
+            f"got {describe(value)}, which the owner cannot read; expected {_MODE_EXPECTED}"
+        )
+    return mode
+
+
+MODE = Check(_MODE_EXPECTED, _mode)
+
+
+def url_or_reference(what: str) -> Check:
+    """A reference, or a plain URL kept as `SecretRef.inline` (https, or http to a loopback
+    host). A refused URL is never echoed: it may hold a token."""
+    expected = f"{what}: a reference ({REFERENCE_FORMS}) or an {URL.expected}"
+
+    def read(value: object, from_env: bool) -> SecretRef:
+        if not isinstance(value, str):
+            raise Invalid(f"got {kind_of(value)}; expected {expected}")
+        if looks_like_reference(value):
+            return _parsed(value)
+        try:
+            url = _url(value, from_env)
+        except Invalid:
+            raise Invalid(
+                "got a string that is not a plain URL without user info, ?query or #fragment "
+                f"(not shown: it may hold a secret); expected {expected}"
+            ) from None
+        parts = urlsplit(url)
+        if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+            raise Invalid(
+                "plain http to a host that is not a loopback host (the URL is not shown); "
+                f"expected https://, or a loopback host ({LOOPBACK_HOSTS})"
+            )
+        return SecretRef.inline(url)
+
+    return Check(expected, read)
+
+
+class Names(Check):
+    """A non-empty array of names (in the environment a JSON array or "a,b"), each among
+    `known`, or among the declared entries of `section` when validation knows them."""
+
+    def __init__(
+        self, expected: str, what: str, known: tuple[str, ...] = (), section: str = ""
+    ) -> None:
+        super().__init__(expected)
+        self.what, self.known, self.section = what, known, section
+
+    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> tuple[str, ...]:
+        known: list[str] | tuple[str, ...] | None = self.known
+        if self.section:
+            known = getattr(context, self.section) if context else None
+        if from_env:
+            stripped = value.strip()
+            if stripped.startswith("["):
+                try:
+                    value = json.loads(stripped)
+                except ValueError:
+                    raise Invalid(f"got {describe(value)}; expected {self.expected}") from None
+            else:
+                value = [part.strip() for part in stripped.split(",") if part.strip()]
+        if not isinstance(value, list) or not value:
+            raise Invalid(f"got {describe(value)}; expected {self.expected}")
+        for item in value:
+            if not isinstance(item, str) or not NAME_RULE.fullmatch(item):
+                raise Invalid(f"got {describe(item)} in the array; expected {self.expected}")
+            if known is not None and item not in known:
+                close = difflib.get_close_matches(item, known, n=1, cutoff=0.6)
+                hint = (
+                    f'did you mean "{close[0]}"?'
+                    if close
+                    else "expected one of: " + ", ".join(known)
+                )
+                raise Invalid(f'no {self.what} is named "{item}"; {hint}')
+        return tuple(dict.fromkeys(value))
+
+
+class Rule:
+    """After a key's own check, a rule that needs what validation knows beyond one table:
+    `judge(value, context)` says what is wrong (or None). Only a file is judged."""
+
+    def __init__(self, judge: Callable[[Any, LoadContext], str | None]) -> None:
+        self.judge = judge
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def validate(value: Any, info: ValidationInfo) -> Any:
+            context = context_of(info)
+            wrong = context and self.judge(value, context)
+            if wrong:
+                raise problem(wrong)
+            return value
+
+        return core_schema.with_info_after_validator_function(validate, handler(source))
+
+
+def refers_to(section: str, what: str) -> Rule:
+    """The name of an entry of `section` (when every entry there has a valid name)."""
+
+    def judge(name: str, context: LoadContext) -> str | None:
+        declared = getattr(context, section)
+        if declared is None or name in declared:
+            return None
+        known = ", ".join(f'"{n}"' for n in declared) or f"none (add a [[{section}]] entry)"
+        return f'no {what} is named "{name}"; expected one of: {known}'
+
+    return Rule(judge)
+
+
+def state_prefix_overlap(publish_to: str, state_prefix: str) -> str | None:
+    """Why apps reading `publish_to` could read keyturn's private records under
+    `state_prefix` (None if they could not). Paths compare by "/" segments."""
+    published, private = publish_to.split("/"), state_prefix.split("/")
+    if published == private:
+        where = "is keyturn.state_prefix"
+    elif published[: len(private)] == private:
+        where = f'is under keyturn.state_prefix "{state_prefix}"'
+    elif private[: len(published)] == published:
+        where = f'is above keyturn.state_prefix "{state_prefix}" (a prefix of it)'
+    else:
+        return None
+    return (
+        f'"{publish_to}" {where}, keyturn\'s private records, which no app may read; '
+        "expected a path outside keyturn.state_prefix and not a prefix of it (paths compare "
+        'by "/" segments)'
+    )
+
+
+OUTSIDE_STATE_PREFIX = Rule(lambda path, context: state_prefix_overlap(path, context.state_prefix))
+
+
+def _runbook(value: object, from_env: bool) -> str:
+    expected = RUNBOOK.expected
+    try:
+        url = _url(value, from_env)
+    except Invalid as exc:
+        raise Invalid(str(exc).replace(URL.expected, expected)) from None
+    if urlsplit(url).scheme != "https" and not is_loopback(urlsplit(url).hostname or ""):
+        raise Invalid(f"got {describe(url)}; expected {expected}")
+    return url
+
+
+RUNBOOK = Check(
+    "an https:// URL of a copy of docs/runbook.md (alerts link to <url>#<alertname>), "
+    "without ?query or #fragment",
+    _runbook,
+)

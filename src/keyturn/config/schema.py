@@ -1,31 +1,93 @@
-"""The validated configuration: frozen, typed value objects.
+"""The configuration's schema: one frozen pydantic dataclass per TOML table.
 
-`keyturn.config.load` builds these from the TOML file and `KEYTURN_…` overrides; nothing
-else should construct them from raw input. Durations are float seconds. Secret inputs are
-`SecretRef`s (never values): resolve them with `keyturn.references.ReferenceResolver`.
+These models are the single source of truth for the file's keys (a field's name, or its
+`alias`), their types and ranges (`Annotated[T, <a check from keyturn.config.fields>]`), their
+defaults and their `Literal`s. `keyturn.config.load` validates the file against `Config`:
+unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]` and `[[alerts]]`
+are discriminated unions on `method` / `type`, each variant with its own keys. Where the
+file's shape differs from the object the code reads, `Via(<table>)` validates the table and
+`build()`s the object: `[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's
+policies), `create`/`revoke` (HttpCall), an alert hook (AlertHookConfig). Durations are float
+seconds; secret inputs are `SecretRef`s, never values.
 
-    Config
-    ├── keyturn: DaemonSettings
-    ├── vault: VaultSettings ── auth: TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
-    ├── metrics: MetricsSettings
-    ├── providers: Mapping[name, ProviderConfig]
-    ├── rotators: Mapping[name, HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig]
-    │             (http: create/revoke: HttpCall, find: HttpFind)
-    ├── credentials: tuple[CredentialConfig, ...] ── refresh: RefreshPolicy, backoff: BackoffPolicy,
-    │                                                rotation: RotationPolicy,
-    │                                                sinks: tuple[SinkConfig, ...]
-    │                                                (each with on_publish: HookConfig)
-    └── alerts: tuple[AlertHookConfig, ...]
+    Config ── keyturn: DaemonSettings, vault: VaultSettings (auth: TokenAuth | TokenFileAuth |
+              AppRoleAuth | KubernetesAuth), metrics: MetricsSettings,
+              providers: {name: ProviderConfig}, rotators: {name: HttpRotatorConfig (create,
+              revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
+              credentials: (CredentialConfig (refresh, backoff, rotation: RotationPolicy,
+              sinks: (SinkConfig (on_publish: HookConfig), ...)), ...),
+              alerts: (AlertHookConfig, ...)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import dataclasses
+import re
+import socket
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args, get_origin
+from urllib.parse import urlsplit
 
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
+from pydantic_core import (
+    CoreSchema,
+    ErrorDetails,
+    InitErrorDetails,
+    PydanticKnownError,
+    core_schema,
+)
+
+from keyturn.alerts.model import DETECTORS
+from keyturn.config.fields import (
+    BOOLEAN,
+    DAY,
+    ENTRY_NAME,
+    FS_PATH,
+    HOUR,
+    HTTP_PATH,
+    LISTEN,
+    LOOPBACK_HOSTS,
+    MAX_TIMEOUT,
+    MODE,
+    NAME,
+    ONE_OF,
+    OUTSIDE_STATE_PREFIX,
+    REFERENCE_OR_INLINE,
+    RUNBOOK,
+    SINK_PATH,
+    STATUSES,
+    URL,
+    URLS,
+    LoadContext,
+    Names,
+    body_template,
+    command,
+    context_of,
+    duration,
+    integer,
+    is_loopback,
+    json_pointer,
+    kv_path,
+    number,
+    path_template,
+    problem,
+    refers_to,
+    secret_reference,
+    text,
+    url_or_reference,
+)
+from keyturn.config.templates import REQUEST_PLACEHOLDERS, REVOKE_PLACEHOLDERS, placeholders
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
@@ -42,96 +104,224 @@ AlertSeverity = Literal["info", "warning", "critical"]
 SinkFormat = Literal["raw", "json", "env"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+OK_STATUS = (200, 201, 202, 204)
+
+# Key types of several tables. Ranges (docs/configuration.md lists them): time-outs up to an
+# hour, other durations up to a year unless said otherwise, counts one process can use.
+TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
+MARGIN = duration()
+LIFETIME = duration(positive=True)
+CONCURRENCY = integer(1, 10_000)
+KV_PATH = kv_path(
+    'a path relative to the mount, e.g. "apps/reporting/acme": segments of letters, digits '
+    'and _ . @ + = - joined by single "/", no "." or ".."'
+)
+MOUNT = kv_path('a mount path, e.g. "secret" (no leading or trailing "/")')
+PROVIDER = refers_to("providers", "provider")
+RATE = "greater than zero, at most 10000"
+FRACTION = number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1)
+JITTER = number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5)
+WAIT = duration(positive=True, maximum=DAY)
+MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
+# (a field called `command` hides the function in its class)
+EXEC_COMMAND = command('["/usr/local/bin/rotate-key", "--vendor", "acme"]')
+HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
+
+TABLE = ConfigDict(extra="forbid")
+Where = str | tuple[str | int, ...]  # a key of a table, or a key path below it
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonSettings:
-    """`[keyturn]`: daemon-wide settings.
-
-    instance_id: this instance's name in Vault metadata and locks (default: the hostname).
-    state_prefix: keyturn's private KV prefix under the mount; apps must not read it.
-    max_concurrency: credential jobs running at once.
-    vault_concurrency: threads for (blocking) hvac calls.
-    shutdown_timeout: seconds to let running jobs finish on SIGTERM.
-    watch_interval: seconds between sweeps of published paths for changes made outside
-    keyturn (0: no sweeps). on_external_change: "republish" puts keyturn's value back,
-    "alert" only reports it.
-    """
-
-    instance_id: str
-    state_prefix: str = "keyturn/state"
-    log_level: LogLevel = "info"
-    max_concurrency: int = 64
-    vault_concurrency: int = 16
-    shutdown_timeout: float = 30.0
-    watch_interval: float = 300.0
-    on_external_change: ExternalChangeResponse = "republish"
+def _problem(where: Where, message: str) -> InitErrorDetails:
+    loc = (where,) if isinstance(where, str) else where
+    return InitErrorDetails(type=problem(message), loc=loc, input=None)
 
 
-@dataclass(frozen=True, slots=True)
-class TokenAuth:
+def report(found: list[tuple[Where, str]]) -> ValidationError:
+    """Problems in one table, as pydantic's error (one line each)."""
+    return ValidationError.from_exception_data("keyturn", [_problem(*p) for p in found])
+
+
+def fields_of(model: type) -> dict[str, FieldInfo]:
+    """A schema model's fields (pydantic's), in order."""
+    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
+    return fields
+
+
+def described(text: str) -> Any:
+    """What a table key expects, as problem lines say it ("got 5; expected <text>")."""
+    return Field(description=text)
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class Table:
+    """A TOML table. Its keys' types check what a file says, and `problems` (rules across
+    keys, run once each key is valid) what a whole table says; neither judges the objects the
+    code makes itself (no `LoadContext`). `NAMED_IN_PROBLEMS`: an unknown key is reported
+    "for <the table's key>"."""
+
+    NAMED_IN_PROBLEMS: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _across_keys(self, info: ValidationInfo) -> Self:
+        context = context_of(info)
+        found = [] if context is None else list(self.problems(context))
+        if found:
+            raise report(found)
+        return self
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        return iter(())
+
+
+class Via:
+    """The file holds `table` (a model with `build()`) where the code reads another object
+    (the annotated type); an object of that type made by the code is taken as it is."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def validate(value: Any, table: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            return value if isinstance(value, source) else table(value).build()
+
+        schema = handler.generate_schema(self.table)
+        return core_schema.no_info_wrap_validator_function(validate, schema)
+
+
+class Entries:
+    """An array of named tables (`[[providers]]`): a read-only mapping by name, or a tuple."""
+
+    def __init__(self, singular: str) -> None:
+        self.singular = singular
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        keyed = get_origin(source) is Mapping
+        items = core_schema.list_schema(handler.generate_schema(get_args(source)[int(keyed)]))
+
+        def collect(values: list[Any]) -> Any:
+            return MappingProxyType({v.name: v for v in values}) if keyed else tuple(values)
+
+        return core_schema.no_info_after_validator_function(collect, items)
+
+
+def transport(
+    key: str, url: str, allow: bool, *, loopback_needs_flag: bool
+) -> Iterator[tuple[Where, str]]:
+    """https, or http to a loopback host; `allow_insecure_http` is for loopback hosts only."""
+    scheme, host = urlsplit(url).scheme, urlsplit(url).hostname or ""
+    loopback = is_loopback(host)
+    if allow and not loopback:
+        yield (
+            "allow_insecure_http",
+            f'true is accepted only for loopback hosts ({LOOPBACK_HOSTS}), not "{host}"; '
+            f"expected false with an https:// {key}",
+        )
+    elif scheme == "http" and not loopback:
+        yield key, f'plain http to "{host}", which is not a loopback host; expected https://'
+    elif scheme == "http" and loopback_needs_flag and not allow:
+        yield (
+            key,
+            "plain http; expected https://, or allow_insecure_http = true "
+            f"(accepted for loopback hosts only: {LOOPBACK_HOSTS})",
+        )
+
+
+# -- [keyturn], [vault], [metrics] ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class DaemonSettings(Table):
+    """`[keyturn]`: daemon-wide settings. instance_id: this instance's name in Vault metadata
+    and locks. state_prefix: keyturn's private KV prefix, which apps must not read.
+    vault_concurrency: threads for (blocking) hvac calls. watch_interval: seconds between
+    sweeps of the published paths for changes made outside keyturn (0: none), which
+    on_external_change puts right ("republish") or only reports ("alert")."""
+
+    instance_id: Annotated[
+        str, text("an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}"))
+    ] = dataclasses.field(default_factory=lambda: socket.gethostname() or "keyturn")
+    state_prefix: Annotated[str, KV_PATH] = "keyturn/state"
+    log_level: Annotated[LogLevel, ONE_OF] = "info"
+    max_concurrency: Annotated[int, CONCURRENCY] = 64
+    vault_concurrency: Annotated[int, integer(1, 1_000)] = 16
+    shutdown_timeout: Annotated[float, TIMEOUT] = 30.0
+    watch_interval: Annotated[float, duration(off=True, minimum=1.0, maximum=7 * DAY)] = 300.0
+    on_external_change: Annotated[ExternalChangeResponse, ONE_OF] = "republish"
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class TokenAuth(Table):
     """`method = "token"`: a Vault token from a reference."""
 
-    token: SecretRef
-    method: Literal["token"] = field(default="token", init=False)
+    method: Literal["token"] = dataclasses.field(default="token", kw_only=True)
+    token: Annotated[SecretRef, secret_reference('token = "env:VAULT_TOKEN"')]
 
 
-@dataclass(frozen=True, slots=True)
-class TokenFileAuth:
+@dataclass(frozen=True, slots=True, config=TABLE)
+class TokenFileAuth(Table):
     """`method = "token_file"`: a token file kept current by someone else (e.g. Vault Agent)."""
 
-    path: Path
-    method: Literal["token_file"] = field(default="token_file", init=False)
+    method: Literal["token_file"] = dataclasses.field(default="token_file", kw_only=True)
+    path: Annotated[Path, FS_PATH]
 
 
-@dataclass(frozen=True, slots=True)
-class AppRoleAuth:
+@dataclass(frozen=True, slots=True, config=TABLE)
+class AppRoleAuth(Table):
     """`method = "approle"`: AppRole login at `auth/<mount>/login`."""
 
-    role_id: SecretRef
-    secret_id: SecretRef
-    mount: str = "approle"
-    method: Literal["approle"] = field(default="approle", init=False)
+    method: Literal["approle"] = dataclasses.field(default="approle", kw_only=True)
+    role_id: Annotated[SecretRef, secret_reference('role_id = "file:/etc/keyturn/role_id"')]
+    secret_id: Annotated[SecretRef, secret_reference('secret_id = "file:/etc/keyturn/secret_id"')]
+    mount: Annotated[str, MOUNT] = "approle"
 
 
-@dataclass(frozen=True, slots=True)
-class KubernetesAuth:
+@dataclass(frozen=True, slots=True, config=TABLE)
+class KubernetesAuth(Table):
     """`method = "kubernetes"`: log in with the pod's service-account JWT."""
 
-    role: str
-    jwt_path: Path = KUBERNETES_JWT_PATH
-    mount: str = "kubernetes"
-    method: Literal["kubernetes"] = field(default="kubernetes", init=False)
+    method: Literal["kubernetes"] = dataclasses.field(default="kubernetes", kw_only=True)
+    role: Annotated[str, text('the Vault role to log in as, e.g. "keyturn"')]
+    jwt_path: Annotated[Path, FS_PATH] = KUBERNETES_JWT_PATH
+    mount: Annotated[str, MOUNT] = "kubernetes"
 
 
 VaultAuth = TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
 
 
-@dataclass(frozen=True, slots=True)
-class VaultSettings:
-    """`[vault]`: where keyturn stores and publishes, and how it logs in.
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class VaultSettings(Table):
+    """`[vault]`: where keyturn stores and publishes, and how it logs in. address: without a
+    trailing slash. renew_margin: keyturn renews its own token at 2/3 of its TTL and no later
+    than this before it expires. nodes: more addresses of the cluster, tried in turn."""
 
-    address: URL without a trailing slash (https, or http for a loopback host).
-    mount: the KV v2 mount that holds published paths and `state_prefix`.
-    renew_margin: renew keyturn's own token at 2/3 of its TTL, and no later than this many
-        seconds before it expires.
-    nodes: more addresses of the same cluster, tried when `address` cannot be reached.
-    """
+    address: Annotated[str, URL]
+    allow_insecure_http: Annotated[bool, BOOLEAN] = False
+    auth: Annotated[
+        VaultAuth,
+        Field(discriminator="method"),
+        described('a table, e.g. auth = { method = "token", token = "env:VAULT_TOKEN" }'),
+    ]
+    mount: Annotated[str, MOUNT] = "secret"
+    namespace: Annotated[str | None, text('a Vault namespace, e.g. "admin/team"')] = None
+    ca_cert: Annotated[Path | None, FS_PATH] = None
+    timeout: Annotated[float, TIMEOUT] = 10.0
+    renew_margin: Annotated[float, MARGIN] = 300.0
+    nodes: Annotated[tuple[str, ...], URLS] = ()
 
-    address: str
-    auth: VaultAuth
-    mount: str = "secret"
-    namespace: str | None = None
-    ca_cert: Path | None = None
-    timeout: float = 10.0
-    renew_margin: float = 300.0
-    allow_insecure_http: bool = False
-    nodes: tuple[str, ...] = ()
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        allow = self.allow_insecure_http
+        yield from transport("address", self.address, allow, loopback_needs_flag=False)
+        for node in self.nodes:
+            yield from transport("nodes", node, allow, loopback_needs_flag=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """`[metrics]`: where /metrics, /healthz and /readyz listen. `host` has no brackets."""
+    """Where /metrics, /healthz and /readyz listen. `host` has no brackets."""
 
     host: str = "127.0.0.1"
     port: int = 9797
@@ -142,27 +332,39 @@ class MetricsSettings:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderConfig:
-    """`[[providers]]`: one OAuth 2.0 authorization server / API.
+@dataclass(frozen=True, slots=True, config=TABLE)
+class MetricsTable(Table):
+    """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults)."""
 
-    base_url: URL without a trailing slash. rate_limit: requests per second for keyturn's own
-    calls (None: unlimited). default_lifetime: seconds, when a token response has no
-    expires_in. The field names match `keyturn.providers.client.ProviderSettings`.
-    """
+    listen: Annotated[tuple[str, int] | None, LISTEN] = None
 
-    name: str
-    base_url: str
-    allow_insecure_http: bool = False
-    token_path: str = "/oauth/token"
-    revoke_path: str | None = None
-    token_request: TokenRequest = "json"
-    client_auth: ClientAuth = "body"
-    timeout: float = 10.0
-    max_connections: int = 100
-    rate_limit: float | None = None
-    default_lifetime: float = 3600.0
-    max_response_bytes: int = 65536
+    def build(self) -> MetricsSettings:
+        return MetricsSettings() if self.listen is None else MetricsSettings(*self.listen)
+
+
+# -- [[providers]] and [[rotators]] ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class ProviderConfig(Table):
+    """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
+    slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
+    default_lifetime: seconds, when a token response has no expires_in."""
+
+    name: Annotated[str, ENTRY_NAME]
+    base_url: Annotated[str, URL]
+    allow_insecure_http: Annotated[bool, BOOLEAN] = False
+    token_path: Annotated[str, HTTP_PATH] = "/oauth/token"
+    revoke_path: Annotated[str | None, HTTP_PATH] = None
+    token_request: Annotated[TokenRequest, ONE_OF] = "json"
+    client_auth: Annotated[ClientAuth, ONE_OF] = "body"
+    timeout: Annotated[float, TIMEOUT] = 10.0
+    max_connections: Annotated[int, CONCURRENCY] = 100
+    rate_limit: Annotated[
+        float | None, number(f"a number of requests per second {RATE}", lambda x: 0 < x <= 1e4)
+    ] = None
+    default_lifetime: Annotated[float, LIFETIME] = 3600.0
+    max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
 
     @property
     def token_url(self) -> str:
@@ -172,201 +374,560 @@ class ProviderConfig:
     def revoke_url(self) -> str | None:
         return None if self.revoke_path is None else self.base_url + self.revoke_path
 
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        allow = self.allow_insecure_http
+        yield from transport("base_url", self.base_url, allow, loopback_needs_flag=True)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class HttpCall:
-    """One call of an `http` rotator (`create` or `revoke`) to the provider's key API.
-
-    path: starts with "/", relative to the provider's base_url; may hold `{placeholders}`.
-    body: a JSON text template (placeholders are filled JSON-string-escaped), or None.
-    value / id: RFC 6901 JSON pointers to the new key's value and id in the response.
-    ok_status: the statuses that mean success (for revoke, 404 and 410 also do).
-    """
+    """One call of an `http` rotator to the provider's key API. path: relative to the
+    provider's base_url, with `{placeholders}`; body: a JSON template (placeholders filled
+    JSON-string-escaped); value / id: JSON pointers to the new key's value and id; ok_status:
+    the statuses of success (for revoke, 404 and 410 too)."""
 
     path: str
     method: HttpMethod = "POST"
     body: str | None = None
     value: str | None = None
     id: str | None = None
-    ok_status: tuple[int, ...] = (200, 201, 202, 204)
+    ok_status: tuple[int, ...] = OK_STATUS
 
 
-@dataclass(frozen=True, slots=True)
-class HttpFind:
-    """How an `http` rotator lists keys: `items` points to the array in the response, `name`
-    and `id` point into one item (all RFC 6901 JSON pointers)."""
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class CreateTable(Table):
+    """`create`: the call that makes a key, and where the key's value and id are."""
 
-    path: str
-    items: str
-    name: str
-    id: str
-    method: HttpMethod = "GET"
+    NAMED_IN_PROBLEMS = True
+    method: Annotated[HttpMethod, ONE_OF] = "POST"
+    path: Annotated[str, path_template(REQUEST_PLACEHOLDERS)]
+    body: Annotated[str | None, body_template(REQUEST_PLACEHOLDERS)] = None
+    value: Annotated[str, json_pointer('to the new key\'s value, e.g. "/key"')]
+    id: Annotated[str, json_pointer('to the new key\'s id, e.g. "/key_id" (revoke needs it)')]
+    ok_status: Annotated[tuple[int, ...], STATUSES] = OK_STATUS
 
-
-@dataclass(frozen=True, slots=True)
-class HttpRotatorConfig:
-    """`type = "http"`: a provider's key-management API.
-
-    provider: the `[[providers]]` entry whose base_url, timeout and TLS rules the calls use.
-    auth: sent as `Authorization: <auth_scheme> <value>` (None: no Authorization header).
-    """
-
-    name: str
-    provider: str
-    create: HttpCall
-    revoke: HttpCall
-    auth: SecretRef | None = None
-    auth_scheme: str = "Bearer"
-    find: HttpFind | None = None
-    type: Literal["http"] = field(default="http", init=False)
+    def build(self) -> HttpCall:
+        return HttpCall(self.path, self.method, self.body, self.value, self.id, self.ok_status)
 
 
-@dataclass(frozen=True, slots=True)
-class ExecRotatorConfig:
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class RevokeTable(Table):
+    """`revoke`: the call that revokes the key `{key_id}`."""
+
+    NAMED_IN_PROBLEMS = True
+    method: Annotated[HttpMethod, ONE_OF] = "DELETE"
+    path: Annotated[str, path_template(REVOKE_PLACEHOLDERS)]
+    body: Annotated[str | None, body_template(REVOKE_PLACEHOLDERS)] = None
+    ok_status: Annotated[tuple[int, ...], STATUSES] = OK_STATUS
+
+    def build(self) -> HttpCall:
+        return HttpCall(self.path, self.method, self.body, ok_status=self.ok_status)
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if "key_id" not in placeholders(self.path) + placeholders(self.body or ""):
+            message = (
+                "names no key; expected {key_id} in revoke's path or body (the id of the key "
+                "to revoke)"
+            )
+            yield "path", message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class HttpFind(Table):
+    """`find`: how an `http` rotator lists keys: `items` points to the array in the answer,
+    `name` and `id` into one item (JSON pointers)."""
+
+    NAMED_IN_PROBLEMS = True
+    method: Annotated[HttpMethod, ONE_OF] = "GET"
+    path: Annotated[str, path_template(REQUEST_PLACEHOLDERS)]
+    items: Annotated[str, json_pointer('to the array of keys, e.g. "/api_keys"', allow_root=True)]
+    name: Annotated[str, json_pointer('to a key\'s name inside one item, e.g. "/name"')]
+    id: Annotated[str, json_pointer('to a key\'s id inside one item, e.g. "/key_id"')]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class HttpRotatorConfig(Table):
+    """`type = "http"`: a provider's key-management API, through the `[[providers]]` entry
+    `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header)."""
+
+    name: Annotated[str, ENTRY_NAME]
+    type: Literal["http"] = "http"
+    provider: Annotated[str, NAME, PROVIDER]
+    auth: Annotated[SecretRef | None, secret_reference('auth = "env:SANDBOX_ADMIN_TOKEN"')] = None
+    auth_scheme: Annotated[
+        str,
+        text(
+            'an HTTP auth scheme, e.g. "Bearer" or "Token"',
+            re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}"),
+        ),
+    ] = "Bearer"
+    create: Annotated[
+        HttpCall,
+        Via(CreateTable),
+        described(
+            'a table, e.g. create = { path = "/keys", body = \'{"name": "{key_name}"}\', '
+            'value = "/key", id = "/key_id" }'
+        ),
+    ]
+    revoke: Annotated[
+        HttpCall, Via(RevokeTable), described('a table, e.g. revoke = { path = "/keys/{key_id}" }')
+    ]
+    find: Annotated[
+        HttpFind | None, described('a table, e.g. find = { path = "/keys", items = "/keys", ... }')
+    ] = None
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class ExecRotatorConfig(Table):
     """`type = "exec"`: an operator's command (argv; not run at load), parameters on stdin."""
 
-    name: str
-    command: tuple[str, ...]
-    timeout: float = 30.0
-    type: Literal["exec"] = field(default="exec", init=False)
+    name: Annotated[str, ENTRY_NAME]
+    type: Literal["exec"] = dataclasses.field(default="exec", kw_only=True)
+    command: Annotated[tuple[str, ...], EXEC_COMMAND]
+    timeout: Annotated[float, TIMEOUT] = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class ManualRotatorConfig:
+@dataclass(frozen=True, slots=True, config=TABLE)
+class ManualRotatorConfig(Table):
     """`type = "manual"`: a person creates the key; `keyturn import-key` hands it over."""
 
-    name: str
-    type: Literal["manual"] = field(default="manual", init=False)
+    name: Annotated[str, ENTRY_NAME]
+    type: Literal["manual"] = dataclasses.field(default="manual", kw_only=True)
 
 
 RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
 
 
-@dataclass(frozen=True, slots=True)
-class RotationPolicy:
-    """`[credentials.rotation]`: when and how a key (or a client secret) is replaced.
-
-    max_age: seconds a key is used before it is rotated. grace: seconds the old key stays
-    valid after the new one is published. rotator: a `[[rotators]]` entry's name.
-    verify_attempts: verification failures of one pending key before it is revoked and
-    a new one created.
-    """
-
-    max_age: float
-    rotator: str
-    grace: float = 3600.0
-    verify_attempts: int = 5
+# -- [[credentials]] ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class HookConfig:
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class RotationPolicy(Table):
+    """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
+    `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
+    is published. verify_attempts: failed verifications of one new key before another."""
+
+    # A key may live up to ten years; the old one stays valid for at most a year after.
+    max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
+    grace: Annotated[float, MARGIN] = 3600.0
+    rotator: Annotated[str, NAME, refers_to("rotators", "rotator")]
+    verify_attempts: Annotated[int, integer(1, 100)] = 5
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.grace >= self.max_age:
+            message = (
+                f"is not shorter than max_age ({self.max_age:g}s); expected a grace shorter "
+                "than max_age, so that at most two keys are live at once"
+            )
+            yield "grace", message
+
+
+def _present(table: Any) -> dict[str, Any]:
+    """The keys a table sets; one it leaves out takes the built object's default."""
+    values = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class RefreshTable(Table):
+    """`refresh`: a keyturn.policy.RefreshPolicy."""
+
+    at: Annotated[float | None, FRACTION] = None
+    jitter: Annotated[float | None, JITTER] = None
+    margin: Annotated[float | None, MARGIN] = None
+    min_interval: Annotated[float | None, LIFETIME] = None
+
+    def build(self) -> RefreshPolicy:
+        return RefreshPolicy(**_present(self))
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        policy = self.build()
+        low, high = policy.at - policy.jitter, policy.at + policy.jitter
+        if low <= 0 or high >= 1:
+            message = (
+                f"at ± jitter spans {low:.2f} to {high:.2f} of the lifetime; "
+                "expected both ends strictly between 0 and 1"
+            )
+            yield "jitter", message
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class BackoffTable(Table):
+    """`backoff`: a keyturn.policy.BackoffPolicy (`max` is its `maximum`)."""
+
+    initial: Annotated[float | None, WAIT] = None
+    maximum: Annotated[float | None, WAIT] = Field(default=None, alias="max")
+    multiplier: Annotated[float | None, MULTIPLIER] = None
+
+    def build(self) -> BackoffPolicy:
+        return BackoffPolicy(**_present(self))
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        policy = self.build()
+        if policy.maximum < policy.initial:
+            yield "max", f"is shorter than initial; expected max >= initial ({policy.initial:g}s)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unique:
+    """A key whose value no other table of its kind in the file may have."""
+
+    expected: str
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class HookConfig(Table):
     """A sink's `on_publish`: a command (argv, no shell; not run at load) run after each write
-    of the sink's file, told what was written as JSON on its stdin. `timeout` in seconds."""
+    of the sink's file, told what was written as JSON on its stdin."""
 
-    command: tuple[str, ...]
-    timeout: float = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class SinkConfig:
-    """One of a credential's `sinks`: a file on keyturn's host that keyturn keeps equal to the
-    published value (see `keyturn.sinks`).
-
-    path: absolute, normalized. format: "raw" (the bare token or key), "json" (the published
-    fields, `credential` and `version`), "env" (`<env_prefix><FIELD>=value` lines).
-    mode: permission bits (at most 0o777, owner-readable, nothing for others).
-    """
-
-    path: Path
-    format: SinkFormat
-    mode: int = 0o600
-    env_prefix: str = "KEYTURN_"
-    on_publish: HookConfig | None = None
+    NAMED_IN_PROBLEMS = True
+    command: Annotated[tuple[str, ...], HOOK_COMMAND]
+    timeout: Annotated[float, TIMEOUT] = 10.0
 
 
-@dataclass(frozen=True, slots=True)
-class CredentialConfig:
-    """`[[credentials]]`: one credential keyturn keeps fresh.
+@dataclass(frozen=True, slots=True, config=TABLE)
+class SinkConfig(Table):
+    """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
+    (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
+    value), "json" (the published fields, `credential`, `version`), "env" (`<env_prefix>
+    <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
 
-    kind "oauth_client": client_id (a reference or an inline value, `SecretRef.inline`) and
-    client_secret (a reference) are set; `rotation`, if set, rotates the client secret;
-    `refresh_token` (a reference), if set, is a refresh token the provider issued earlier
-    (e.g. through a consent flow) that seeds keyturn's private state once.
-    kind "api_key": client_id and client_secret are None; `probe` and `rotation` are set;
-    `initial_key` (a reference) and `initial_key_id` adopt an existing key at first start.
-    publish_to: the KV path (relative to the mount) apps read.
-    probe: a path on the provider to call with a new token or key before publishing it.
-    sinks: files on keyturn's host kept equal to what is published (none by default).
-    """
+    path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
+    format: Annotated[SinkFormat, ONE_OF]
+    mode: Annotated[int, MODE] = 0o600
+    env_prefix: Annotated[
+        str,
+        text(
+            'a prefix of letters, digits and "_", not starting with a digit (at most 64 '
+            'characters), e.g. "REPORTING_"',
+            re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}"),
+        ),
+    ] = "KEYTURN_"
+    on_publish: Annotated[
+        HookConfig | None,
+        described(
+            'a table, e.g. on_publish = { command = ["/usr/bin/systemctl", "try-restart", '
+            '"app"], timeout = "10s" }'
+        ),
+    ] = None
 
-    name: str
-    provider: str
-    client_id: SecretRef | None
-    client_secret: SecretRef | None
-    publish_to: str
-    kind: CredentialKind = "oauth_client"
-    scope: str | None = None
-    probe: str | None = None
-    refresh: RefreshPolicy = field(default_factory=RefreshPolicy)
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
-    rotation: RotationPolicy | None = None
-    initial_key: SecretRef | None = None
-    initial_key_id: str | None = None
-    refresh_token: SecretRef | None = None
-    sinks: tuple[SinkConfig, ...] = ()
+    @model_validator(mode="wrap")
+    @classmethod
+    def _env_prefix_only_for_env(
+        cls, data: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        sink = handler(data)
+        given = context_of(info) and isinstance(data, dict) and "env_prefix" in data
+        if given and sink.format != "env":
+            message = f'is set for format "{sink.format}", which has no variables; expected '
+            raise report([("env_prefix", message + 'env_prefix only with format = "env"')])
+        return sink
 
 
-@dataclass(frozen=True, slots=True)
-class AlertHookConfig:
-    """`[[alerts]]`: one alert hook (see `keyturn.alerts`).
+@dataclasses.dataclass(frozen=True)
+class ForKind:
+    """A credential key that only one kind takes (`only`), or that one kind needs."""
 
-    url: the receiver (webhook, slack), Alertmanager's base URL, or the PagerDuty Events API
-    endpoint (None: PagerDuty's own). A reference, or `SecretRef.inline(url)` for a plain URL
-    (never for slack). routing_key: the PagerDuty integration key (pagerduty only).
-    detectors / credentials: the only ones this hook takes (None: all).
-    rate_limit: firing alerts per minute. repeat_interval: seconds before a still-firing
-    alert is sent again. runbook_base: None for keyturn's own runbook.
-    """
+    only: CredentialKind | None = None
+    required: CredentialKind | None = None
 
-    name: str
+
+OAUTH = ForKind(only="oauth_client")
+_NOT_FOR = {
+    "api_key": ", which has no OAuth client and no token to refresh",
+    "oauth_client": " (its secret is client_secret)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class CredentialConfig(Table):
+    """`[[credentials]]`: one credential keyturn keeps fresh; its keys depend on its `kind`
+    (`ForKind`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
+    client_secret; `rotation` rotates the client secret; `refresh_token` seeds keyturn's
+    state once. "api_key": no client_id or client_secret; `probe` and `rotation` are set;
+    `initial_key` and `initial_key_id` adopt an existing key. publish_to: the KV path apps
+    read. probe: a path on the provider called with each new token or key before it is
+    published. sinks: files on keyturn's host kept equal to what is published."""
+
+    name: Annotated[str, ENTRY_NAME]
+    provider: Annotated[str, NAME, PROVIDER]
+    kind: Annotated[CredentialKind, ONE_OF] = "oauth_client"  # a file must say it
+    client_id: Annotated[
+        SecretRef | None, REFERENCE_OR_INLINE, ForKind("oauth_client", "oauth_client")
+    ] = None
+    client_secret: Annotated[
+        SecretRef | None,
+        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
+        ForKind("oauth_client", "oauth_client"),
+    ] = None
+    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"'), OAUTH] = None
+    refresh_token: Annotated[
+        SecretRef | None,
+        secret_reference('refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'),
+        OAUTH,
+    ] = None
+    publish_to: Annotated[
+        str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
+    ]
+    probe: Annotated[str | None, HTTP_PATH, ForKind(required="api_key")] = None
+    refresh: Annotated[
+        RefreshPolicy, Via(RefreshTable), OAUTH, described("a table ([credentials.refresh])")
+    ] = dataclasses.field(default_factory=RefreshPolicy)
+    backoff: Annotated[
+        BackoffPolicy, Via(BackoffTable), described("a table ([credentials.backoff])")
+    ] = dataclasses.field(default_factory=BackoffPolicy)
+    rotation: Annotated[
+        RotationPolicy | None,
+        ForKind(required="api_key"),
+        described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
+    ] = None
+    initial_key: Annotated[
+        SecretRef | None,
+        secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"'),
+        ForKind(only="api_key"),
+    ] = None
+    initial_key_id: Annotated[
+        str | None, text('the provider\'s id of initial_key, e.g. "key_0123"'), ForKind("api_key")
+    ] = None
+    sinks: Annotated[
+        tuple[SinkConfig, ...],
+        described(
+            "an array of tables, e.g. [[credentials.sinks]] or sinks = [{ path = "
+            '"/run/keyturn/app.env", format = "env" }]'
+        ),
+    ] = ()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _kind_rules(
+        cls, data: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        """A file names the kind; a key of the other kind is refused, and one this kind needs
+        is required. Every problem of the entry is reported, in the order of its keys."""
+        context = context_of(info)
+        if context is None or not isinstance(data, dict):
+            return handler(data)
+        kind, found, refused = data.get("kind"), list[InitErrorDetails](), set[str]()
+        if kind is None:
+            found.append(InitErrorDetails(type="missing", loc=("kind",), input=data))
+        # (not `cls`: with slots=True, that is the class before dataclass() replaced it)
+        fields = fields_of(CredentialConfig)
+        rules = [(k, m) for k, i in fields.items() for m in i.metadata if isinstance(m, ForKind)]
+        for key, rule in rules if kind in get_args(CredentialKind) else []:
+            if rule.only not in (None, kind) and key in data:
+                why = f'not allowed for kind "{kind}"{_NOT_FOR[str(kind)]}'
+                found.append(_problem(key, f'{why}; expected it only with kind = "{rule.only}"'))
+                refused.add(key)
+            elif rule.required == kind and key not in data:
+                found.append(InitErrorDetails(type="missing", loc=(key,), input=data))
+        try:
+            credential = handler({k: v for k, v in data.items() if k not in refused})
+        except ValidationError as exc:
+            found += [_again(e) for e in exc.errors()]
+        else:
+            found += [_problem(*p) for p in credential.across(context)] if kind else []
+        if not found:
+            return credential
+        # In the order of the keys; those of the other kind together, where that kind's begin.
+        order = {key: i for i, key in enumerate(fields)}
+        begins = {rule.only: order[key] for key, rule in reversed(rules)}
+        order |= {key: begins[rule.only] for key, rule in rules if key in refused}
+        found.sort(key=lambda e: order.get(str(e["loc"][0]), len(order)) if e["loc"] else -1)
+        raise ValidationError.from_exception_data("keyturn", found)
+
+    def across(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        """Rules across keys (once the kind is known: a default kind judges nothing)."""
+        if self.initial_key_id is not None and self.initial_key is None:
+            message = (
+                "is set without initial_key; expected initial_key (a reference to the key "
+                "whose id this is) as well"
+            )
+            yield "initial_key_id", message
+        if self.rotation is None or context.rotators is None:
+            return
+        name = self.rotation.rotator
+        rotator_type, needs_client_id = context.rotators.get(name, (None, False))
+        if self.kind == "oauth_client" and rotator_type == "manual":
+            message = (
+                f'"{name}" is a manual rotator, which cannot rotate an oauth_client\'s secret; '
+                'expected an "http" or "exec" rotator'
+            )
+            yield ("rotation", "rotator"), message
+        if self.kind == "api_key" and needs_client_id:
+            message = (
+                f'"{name}" uses {{client_id}}, which an api_key credential does not have; '
+                "expected a rotator whose templates do not use {client_id}"
+            )
+            yield ("rotation", "rotator"), message
+
+
+def _again(error: ErrorDetails) -> InitErrorDetails:
+    """One of pydantic's errors, to be raised again with others."""
+    if error["type"] == "keyturn":
+        return _problem(error["loc"], str(error["msg"]))
+    again = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
+    if "ctx" in error:
+        again["ctx"] = error["ctx"]
+    return again
+
+
+# -- [[alerts]] -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class AlertHookConfig(Table):
+    """`[[alerts]]`: one alert hook (see keyturn.alerts). The file's tables are its types below,
+    each with its own `url` and without the keys it does not take. url: a reference, or
+    `SecretRef.inline(url)` for a plain URL (never for slack); None: PagerDuty's own endpoint.
+    routing_key: PagerDuty's integration key. detectors / credentials: the only ones this hook
+    takes (None: all). rate_limit: firing alerts per minute. repeat_interval: seconds before a
+    still-firing alert is sent again. runbook_base: None for keyturn's own runbook."""
+
+    name: Annotated[str, ENTRY_NAME]
     type: AlertHookType
     url: SecretRef | None = None
     routing_key: SecretRef | None = None
-    min_severity: AlertSeverity = "warning"
-    detectors: tuple[str, ...] | None = None
-    credentials: tuple[str, ...] | None = None
-    rate_limit: float = 30.0
-    repeat_interval: float = 4 * 3600.0
-    timeout: float = 10.0
-    max_retries: int = 5
-    runbook_base: str | None = None
+    min_severity: Annotated[AlertSeverity, ONE_OF] = "warning"
+    detectors: Annotated[
+        tuple[str, ...] | None,
+        Names(
+            'a non-empty array of detector names, e.g. ["refresh_token_rejected", '
+            '"client_rejected"] (in the environment a JSON array or "a,b")',
+            "detector",
+            known=DETECTORS,
+        ),
+    ] = None
+    credentials: Annotated[
+        tuple[str, ...] | None,
+        Names(
+            'a non-empty array of credential names, e.g. ["reporting"] (in the environment a '
+            'JSON array or "a,b")',
+            "credential",
+            section="credentials",
+        ),
+    ] = None
+    rate_limit: Annotated[
+        float, number(f"a number of alerts per minute {RATE}", lambda x: 0 < x <= 1e4)
+    ] = 30.0
+    repeat_interval: Annotated[float, duration(minimum=60.0)] = 4 * HOUR
+    timeout: Annotated[float, TIMEOUT] = 10.0
+    max_retries: Annotated[int, integer(0, 100)] = 5
+    runbook_base: Annotated[str | None, RUNBOOK] = None
 
 
-@dataclass(frozen=True, slots=True)
+class NotAKey:
+    """A key of the base table that a variant does not take (it stays None): a file that sets
+    it gets "unknown key", and listings leave it out."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def refuse(value: Any, info: ValidationInfo) -> Any:
+            if context_of(info) is not None:
+                raise PydanticKnownError("unexpected_keyword_argument")
+            return value
+
+        return core_schema.with_info_plain_validator_function(refuse)
+
+
+NOT_A_KEY = NotAKey()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class WebhookHook(AlertHookConfig):
+    type: Literal["webhook"]
+    url: Annotated[SecretRef, url_or_reference("the URL alerts are POSTed to")]
+    routing_key: Annotated[None, NOT_A_KEY] = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class SlackHook(AlertHookConfig):
+    """A Slack webhook URL is a secret (whoever has it can post): a reference only."""
+
+    type: Literal["slack"]
+    url: Annotated[
+        SecretRef,
+        secret_reference(
+            'url = "vault:secret/keyturn/inputs/slack#webhook_url" (a Slack webhook URL '
+            "is a secret)"
+        ),
+    ]
+    routing_key: Annotated[None, NOT_A_KEY] = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class PagerDutyHook(AlertHookConfig):
+    type: Literal["pagerduty"]
+    url: Annotated[SecretRef | None, url_or_reference("the Events API v2 endpoint")] = None
+    routing_key: Annotated[SecretRef, secret_reference('routing_key = "env:PAGERDUTY_ROUTING_KEY"')]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class AlertmanagerHook(AlertHookConfig):
+    type: Literal["alertmanager"]
+    url: Annotated[
+        SecretRef,
+        url_or_reference('Alertmanager\'s base URL, e.g. "https://alertmanager.example.com:9093"'),
+    ]
+    routing_key: Annotated[None, NOT_A_KEY] = None
+
+
+AlertHook = WebhookHook | SlackHook | PagerDutyHook | AlertmanagerHook
+
+
+# -- the whole file -------------------------------------------------------------------------
+
+
+def _no_entries() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
 class Config:
     """The whole configuration, validated. `source` is the file it came from."""
 
-    keyturn: DaemonSettings
-    vault: VaultSettings
-    metrics: MetricsSettings
-    providers: Mapping[str, ProviderConfig]
-    credentials: tuple[CredentialConfig, ...]
-    source: Path
-    rotators: Mapping[str, RotatorConfig] = field(default_factory=dict)
-    alerts: tuple[AlertHookConfig, ...] = ()
-    _by_name: Mapping[str, CredentialConfig] = field(
-        init=False, repr=False, compare=False, default_factory=dict
+    keyturn: Annotated[DaemonSettings, described("a table ([keyturn])")] = dataclasses.field(
+        default_factory=DaemonSettings
     )
+    vault: Annotated[VaultSettings, described("a table ([vault])")]
+    metrics: Annotated[MetricsSettings, Via(MetricsTable), described("a table ([metrics])")] = (
+        dataclasses.field(default_factory=MetricsSettings)
+    )
+    providers: Annotated[
+        Mapping[str, ProviderConfig],
+        Entries("provider"),
+        described("an array of tables ([[providers]])"),
+    ] = dataclasses.field(default_factory=_no_entries)
+    rotators: Annotated[
+        Mapping[str, Annotated[RotatorConfig, Field(discriminator="type")]],
+        Entries("rotator"),
+        described("an array of tables ([[rotators]])"),
+    ] = dataclasses.field(default_factory=_no_entries)
+    credentials: Annotated[
+        tuple[CredentialConfig, ...],
+        Entries("credential"),
+        described("an array of tables ([[credentials]])"),
+    ] = ()
+    alerts: Annotated[
+        tuple[Annotated[AlertHook, Field(discriminator="type")], ...],
+        Entries("alert hook"),
+        described("an array of tables ([[alerts]])"),
+    ] = ()
+    source: Path = dataclasses.field(default=Path(), init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "providers", MappingProxyType(dict(self.providers)))
-        object.__setattr__(self, "rotators", MappingProxyType(dict(self.rotators)))
-        by_name = MappingProxyType({c.name: c for c in self.credentials})
-        object.__setattr__(self, "_by_name", by_name)
+    @model_validator(mode="after")
+    def _from_file(self, info: ValidationInfo) -> Self:
+        context = context_of(info)
+        if context is not None:
+            object.__setattr__(self, "source", Path(context.source))
+        return self
 
     def credential(self, name: str) -> CredentialConfig:
         """The credential called `name`; KeyError if there is none."""
-        return self._by_name[name]
+        for credential in self.credentials:
+            if credential.name == name:
+                return credential
+        raise KeyError(name)
 
     def provider_of(self, credential: CredentialConfig) -> ProviderConfig:
         """The provider a credential uses (always present in a validated Config)."""

@@ -4,7 +4,8 @@ Liveness (`/healthz`) is about the process: the scheduler loop still runs, as pr
 heartbeat. A restart can help a stalled loop, so a failing liveness probe is worth a restart.
 
 Readiness (`/readyz`) is about the service keyturn provides: Vault answers and accepts
-keyturn's token, and every configured credential has a valid value published. Restarting
+keyturn's token, and every configured credential has a valid value published, as its job's
+last run found the record (the scheduler's `JobView`, not the metrics). Restarting
 cannot fix an unreachable Vault or a provider outage, so readiness never feeds a liveness
 probe. Problems are short lines naming Vault or a credential, never a value.
 """
@@ -12,14 +13,43 @@ probe. Problems are short lines naming Vault or a credential, never a value.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
-from keyturn.clock import Clock
+from keyturn.clock import Clock, rfc3339
 from keyturn.errors import KeyturnError
-from keyturn.observability.metrics import PrometheusObserver
+from keyturn.scheduler import JobView
 
 Alive = Callable[[], tuple[bool, str]]
 Ready = Callable[[], Awaitable[tuple[bool, list[str]]]]
 MAX_PROBLEMS = 20  # a readiness answer stays short even with 10,000 credentials down
+
+
+class JobStatuses(Protocol):
+    """Where readiness reads the credentials' state (the scheduler)."""
+
+    def statuses(self) -> list[JobView]: ...
+
+
+def value_ready(kind: str, issued_at: float | None, expires_at: float | None, now: float) -> bool:
+    """Can apps use the published value now? An access token is valid until it expires. An
+    API key does not expire by time (its `expires_at` is the rotate-after time): once
+    published it works until keyturn retires it, even past its rotation date (an overdue
+    rotation is its own alert)."""
+    if kind == "api_key":
+        return issued_at is not None
+    return expires_at is not None and expires_at > now
+
+
+def credential_problems(jobs: Iterable[JobView], now: float) -> list[str]:
+    """One line per credential whose apps cannot read a valid value now."""
+    problems = []
+    for job in jobs:
+        state = job.state.token if job.state is not None else None
+        if state is None or state.expires_at is None:
+            problems.append(f"credential {job.name}: nothing published yet")
+        elif not value_ready(job.kind, state.issued_at, state.expires_at, now):
+            problems.append(f"credential {job.name}: expired at {rfc3339(state.expires_at)}")
+    return problems
 
 
 class HeartbeatLiveness:
@@ -56,14 +86,11 @@ class HeartbeatLiveness:
 
 
 def readiness_check(
-    *,
-    vault: Callable[[], Awaitable[None]],
-    observer: PrometheusObserver,
-    credentials: Callable[[], Iterable[str]],
+    *, vault: Callable[[], Awaitable[None]], jobs: JobStatuses, clock: Clock
 ) -> Ready:
     """A `ready()` for `MetricsServer`: `vault()` must return (e.g. `VaultStore.health`, a
-    token look-up), and each name from `credentials()` must have an unexpired value published
-    (as the observer saw it)."""
+    token look-up), and each credential the scheduler runs must have an unexpired value
+    published (as its last run found it)."""
 
     async def ready() -> tuple[bool, list[str]]:
         problems: list[str] = []
@@ -73,7 +100,7 @@ def readiness_check(
             problems.append(f"vault: {exc}")
         except Exception as exc:  # anything else: its type only, its text is unknown
             problems.append(f"vault: check failed ({type(exc).__name__})")
-        problems.extend(observer.credential_problems(credentials()))
+        problems.extend(credential_problems(jobs.statuses(), clock.time()))
         return not problems, shorten(problems)
 
     return ready

@@ -1,4 +1,4 @@
-"""`PrometheusObserver`: every metric of docs/metrics.md, fed by the `Observer` events.
+"""`PrometheusObserver`: every metric of docs/metrics.md, fed by the events of `keyturn.events`.
 
 Counters and histograms are ordinary prometheus_client metrics. Per-credential gauges and the
 Vault token gauges are computed when Prometheus scrapes, from state the observer keeps: so
@@ -14,7 +14,7 @@ import platform
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -22,10 +22,23 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import keyturn
-from keyturn.clock import Clock, rfc3339
-from keyturn.events import Observer
+from keyturn.clock import Clock
+from keyturn.events import (
+    Event,
+    Failed,
+    Probed,
+    Published,
+    Restored,
+    RotationDuration,
+    RotationPlanned,
+    RotationStep,
+    Scheduled,
+    Suspicious,
+    TokenRequest,
+)
 from keyturn.observability import catalog as c
 from keyturn.observability.catalog import MetricSpec, bounded
+from keyturn.observability.health import value_ready
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +55,8 @@ class CredentialMetrics:
     rotate_after: float | None = None
 
     def ready(self, now: float) -> bool:
-        """An access token is valid until it expires. An API key does not expire by time: once
-        published it works until keyturn retires it, even past its rotation date (an overdue
-        rotation is its own alert)."""
-        if self.kind == "api_key":
-            return self.issued_at is not None
-        return self.expires_at is not None and self.expires_at > now
+        """The same rule as readiness (`keyturn_credential_ready`)."""
+        return value_ready(self.kind, self.issued_at, self.expires_at, now)
 
 
 def _family(spec: MetricSpec) -> GaugeMetricFamily:
@@ -104,12 +113,12 @@ _STATE_SPECS = (
 
 
 class PrometheusObserver:
-    """An `Observer` (see `keyturn.events`) that keeps every keyturn metric in `registry`.
+    """An observer (called with each event of `keyturn.events`) that keeps every keyturn
+    metric in `registry`.
 
-    Besides the observer events it takes what only the daemon knows: `rotation_planned`,
-    `rotation_duration`, `lateness`, `alert_delivery`, `sink_write` (the sinks' `on_result`),
-    `vault_operation` (the Vault store's `on_operation`), `vault_token`, `heartbeat`,
-    `credentials_configured`, and `restored` for a credential found in good order at start-up.
+    Besides the events it takes what only the daemon knows, as methods: `lateness`,
+    `alert_delivery`, `sink_write` (the sinks' `on_result`), `vault_operation` (the Vault
+    store's `on_operation`), `vault_token`, `heartbeat` and `credentials_configured`.
     Label words outside their bounded sets are exposed as `other`; nothing here ever receives
     a secret.
     """
@@ -152,92 +161,51 @@ class PrometheusObserver:
         )
         registry.register(_StateCollector(self))
 
-    # -- the Observer protocol ------------------------------------------------------------------
+    # -- the events (`keyturn.events`) ----------------------------------------------------------
 
-    def token_request(
-        self, credential: str, provider: str, grant_type: str, outcome: str, seconds: float
-    ) -> None:
-        grant = bounded(grant_type, c.GRANT_TYPES)
-        self._count(
-            credential,
-            self._token_requests,
-            (credential, provider, grant, bounded(outcome, c.TOKEN_OUTCOMES)),
-        )
-        self._token_duration.labels(provider, grant).observe(max(0.0, seconds))
-
-    def published(
-        self, credential: str, provider: str, kind: str, issued_at: float, expires_at: float
-    ) -> None:
-        """A new value is readable; for an API key `expires_at` is its rotate-after time."""
-        self._update(
-            credential,
-            provider,
-            kind,
-            issued_at=issued_at,
-            expires_at=expires_at,
-            last_success=self._clock.time(),
-            failures=0,
-        )
-
-    def scheduled(self, credential: str, provider: str, kind: str, due: float) -> None:
-        self._update(credential, provider, kind, next_scheduled=due)
-
-    def failed(
-        self, credential: str, provider: str, kind: str, error: Exception, failures: int
-    ) -> None:
-        self._update(credential, provider, kind, failures=max(0, failures))
-
-    def suspicious(
-        self, credential: str, provider: str, detector: str, severity: str, detail: str
-    ) -> None:
-        labels = (
-            credential,
-            provider,
-            bounded(detector, c.DETECTORS),
-            bounded(severity, c.SEVERITIES),
-        )
-        self._count(credential, self._suspicious, labels)
-
-    def rotation(self, credential: str, provider: str, kind: str, result: str) -> None:
-        labels = (credential, provider, bounded(kind, c.KINDS), bounded(result, c.ROTATION_RESULTS))
-        self._count(credential, self._rotations, labels)
-
-    def probe(self, credential: str, provider: str, status: int) -> None:
-        self._count(credential, self._probes, (credential, provider, c.probe_result(status)))
+    def __call__(self, event: Event) -> None:
+        match event:
+            case TokenRequest(credential, provider, grant_type, outcome, seconds):
+                grant = bounded(grant_type, c.GRANT_TYPES)
+                labels = (credential, provider, grant, bounded(outcome, c.TOKEN_OUTCOMES))
+                self._count(credential, self._token_requests, labels)
+                self._token_duration.labels(provider, grant).observe(max(0.0, seconds))
+            case Published(credential, provider, kind, issued_at, expires_at):
+                now = self._clock.time()
+                self._value(credential, provider, kind, issued_at, expires_at, now, 0)
+            case Restored(credential, provider, kind, issued_at, expires_at, last_success, n):
+                # After a restart, or on an instance that did not do the last refresh, nothing
+                # is published while values are valid, yet their expiry and readiness must be
+                # exposed: this sets them without claiming a success now.
+                self._value(credential, provider, kind, issued_at, expires_at, last_success, n)
+            case Scheduled(credential, provider, kind, due):
+                self._update(credential, provider, kind, next_scheduled=due)
+            case Failed(credential, provider, kind, _error, failures):
+                self._update(credential, provider, kind, failures=max(0, failures))
+            case Suspicious(credential, provider, detector, severity, _detail):
+                # keyturn's own trouble (its Vault token) is labelled with empty names.
+                name = credential or ""
+                detected = (bounded(detector, c.DETECTORS), bounded(severity, c.SEVERITIES))
+                self._count(name, self._suspicious, (name, provider or "", *detected))
+            case RotationStep(credential, provider, kind, result):
+                labels = (
+                    credential,
+                    provider,
+                    bounded(kind, c.KINDS),
+                    bounded(result, c.ROTATION_RESULTS),
+                )
+                self._count(credential, self._rotations, labels)
+            case RotationPlanned(credential, provider, kind, at):
+                self._update(credential, provider, kind, rotate_after=at)
+            case RotationDuration(provider, kind, seconds):
+                self._rotation_duration.labels(provider, bounded(kind, c.KINDS)).observe(
+                    max(0.0, seconds)
+                )
+            case Probed(credential, provider, status):
+                result = c.probe_result(status)
+                self._count(credential, self._probes, (credential, provider, result))
 
     # -- what only the daemon knows -------------------------------------------------------------
-
-    def restored(
-        self,
-        credential: str,
-        provider: str,
-        kind: str,
-        issued_at: float | None,
-        expires_at: float | None,
-        last_success: float | None,
-        failures: int = 0,
-    ) -> None:
-        """What a run found in the credential's state record (for an API key, `expires_at` is
-        its rotate-after time). After a restart, or on an instance that did not do the last
-        refresh, nothing is published while values are valid, yet their expiry and readiness
-        must be exposed: this sets them without claiming a success now."""
-        self._update(
-            credential,
-            provider,
-            kind,
-            issued_at=issued_at,
-            expires_at=expires_at,
-            last_success=last_success,
-            failures=max(0, failures),
-        )
-
-    def rotation_planned(self, credential: str, provider: str, kind: str, at: float | None) -> None:
-        """The current key or client secret is due for rotation at `at` (None: no rotation)."""
-        self._update(credential, provider, kind, rotate_after=at)
-
-    def rotation_duration(self, provider: str, kind: str, seconds: float) -> None:
-        """A rotation went from `started` to its new key being published in `seconds`."""
-        self._rotation_duration.labels(provider, bounded(kind, c.KINDS)).observe(max(0.0, seconds))
 
     def lateness(self, seconds: float) -> None:
         """A job ran `seconds` after its planned time."""
@@ -296,20 +264,6 @@ class PrometheusObserver:
         with self._lock:
             return self._credentials.get(name)
 
-    def credential_problems(self, names: Iterable[str]) -> list[str]:
-        """One line per credential in `names` whose apps cannot read a valid value now."""
-        now = self._clock.time()
-        problems = []
-        with self._lock:
-            known = dict(self._credentials)
-        for name in names:
-            state = known.get(name)
-            if state is None or state.expires_at is None:
-                problems.append(f"credential {name}: nothing published yet")
-            elif not state.ready(now):
-                problems.append(f"credential {name}: expired at {rfc3339(state.expires_at)}")
-        return problems
-
     def snapshot(
         self,
     ) -> tuple[dict[str, CredentialMetrics], tuple[float | None, bool], float | None, float]:
@@ -318,6 +272,27 @@ class PrometheusObserver:
             return dict(self._credentials), self._vault_token, self._heartbeat, self._clock.time()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _value(
+        self,
+        credential: str,
+        provider: str,
+        kind: str,
+        issued_at: float | None,
+        expires_at: float | None,
+        last_success: float | None,
+        failures: int,
+    ) -> None:
+        """The value apps read (for an API key `expires_at` is its rotate-after time)."""
+        self._update(
+            credential,
+            provider,
+            kind,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            last_success=last_success,
+            failures=max(0, failures),
+        )
 
     def _update(self, credential: str, provider: str, kind: str, **changes: Any) -> None:
         with self._lock:
@@ -332,9 +307,3 @@ class PrometheusObserver:
         metric.labels(*labels).inc()
         with self._lock:
             self._series.setdefault(credential, set()).add((metric, labels))
-
-
-if TYPE_CHECKING:  # mypy proves the observer satisfies the protocol
-
-    def _conforms(observer: PrometheusObserver) -> Observer:
-        return observer

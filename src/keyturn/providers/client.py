@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import quote
 
 import httpx
 
 from keyturn.clock import Clock
+from keyturn.config import ProviderConfig
 from keyturn.errors import MalformedResponse
 from keyturn.providers.http import (
     pooled_client,
     raise_if_transient,
     send_bounded,
 )
-from keyturn.providers.ratelimit import TokenBucket
 from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_token_response
+from keyturn.ratelimit import TokenBucket
 from keyturn.secret import Secret
 
 GrantType = Literal["client_credentials", "refresh_token"]
@@ -37,22 +37,6 @@ _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 _BUILD_ERRORS = (httpx.InvalidURL, UnicodeError, ValueError)
 
 
-@dataclass(frozen=True, slots=True)
-class ProviderSettings:
-    """What the client needs to know about a provider (mapped from the configuration)."""
-
-    name: str
-    base_url: str
-    token_path: str = "/oauth/token"
-    revoke_path: str | None = None  # RFC 7009 endpoint; None: the provider has none
-    token_request: Literal["json", "form"] = "json"
-    client_auth: Literal["body", "basic"] = "body"
-    timeout: float = 10.0
-    max_connections: int = 100
-    rate_limit: float | None = None
-    max_response_bytes: int = 65536
-
-
 def basic_credentials(client_id: str, client_secret: Secret) -> str:
     """RFC 6749 §2.3.1: form-urlencode each part, then HTTP Basic."""
     pair = f"{quote(client_id, safe='')}:{quote(client_secret.reveal(), safe='')}"
@@ -60,27 +44,28 @@ def basic_credentials(client_id: str, client_secret: Secret) -> str:
 
 
 class ProviderClient:
-    """Talks to one provider. Create once, share across credentials, `aclose()` at shutdown."""
+    """Talks to one provider (as configured in `[[providers]]`). Create once, share across
+    credentials, `aclose()` at shutdown."""
 
     def __init__(
         self,
-        settings: ProviderSettings,
+        provider: ProviderConfig,
         *,
         clock: Clock,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.settings = settings
+        self.provider = provider
         self._clock = clock
-        self._bucket = TokenBucket(settings.rate_limit, clock) if settings.rate_limit else None
+        self._bucket = TokenBucket(provider.rate_limit, clock) if provider.rate_limit else None
         self._http = pooled_client(
-            base_url=settings.base_url,
-            timeout=settings.timeout,
-            max_connections=settings.max_connections,
+            base_url=provider.base_url,
+            timeout=provider.timeout,
+            max_connections=provider.max_connections,
             transport=transport,
         )
 
     def __repr__(self) -> str:
-        return f"ProviderClient({self.settings.name!r}, {self.settings.base_url!r})"
+        return f"ProviderClient({self.provider.name!r}, {self.provider.base_url!r})"
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -104,8 +89,8 @@ class ProviderClient:
         if scope:
             fields["scope"] = scope
         headers = self._client_auth(fields, client_id, client_secret)
-        path = self.settings.token_path
-        if self.settings.token_request == "json":
+        path = self.provider.token_path
+        if self.provider.token_request == "json":
             request = self._build(credential, "POST", path, json=fields, headers=headers)
         else:
             request = self._build(credential, "POST", path, data=fields, headers=headers)
@@ -134,7 +119,7 @@ class ProviderClient:
         RateLimited with Retry-After (§2.2.1); an RFC 6749 error body raises OAuthError (e.g.
         `unsupported_token_type`, `invalid_client`); anything else MalformedResponse.
         """
-        path = self.settings.revoke_path
+        path = self.provider.revoke_path
         if path is None:
             return False
         fields = {"token": token.reveal(), "token_type_hint": token_type_hint}
@@ -179,7 +164,7 @@ class ProviderClient:
     ) -> dict[str, str]:
         """RFC 6749 §2.3.1 as configured: Basic, or client_id/client_secret added to `fields`."""
         headers: dict[str, str] = {"Cache-Control": "no-store"}
-        if self.settings.client_auth == "basic":
+        if self.provider.client_auth == "basic":
             headers["Authorization"] = basic_credentials(client_id, client_secret)
         else:
             fields["client_id"] = client_id
@@ -219,11 +204,11 @@ class ProviderClient:
         return await send_bounded(
             self._http,
             request,
-            limit=self.settings.max_response_bytes,
+            limit=self.provider.max_response_bytes,
             where=request.url.path,
             credential=credential,
             oversized=oversized,
-            deadline=self.settings.timeout,
+            deadline=self.provider.timeout,
         )
 
     def _raise_for(

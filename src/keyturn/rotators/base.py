@@ -34,6 +34,22 @@ class NewKey:
     key_id: str | None
 
 
+def json_kind(value: object) -> str:
+    """What kind of JSON value a rotator got, without the value (it may be a key): "null",
+    "a boolean", "a number", "an empty string", "a string", "an array" or "an object"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string" if value else "an empty string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
 class AwaitingManualKey(RotationError):
     """Raised by the manual rotator: a person has to create the key and import it."""
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from keyturn.config.schema import ExecRotatorConfig
 from keyturn.errors import RotationError
-from keyturn.rotators.base import NewKey, RotationRequest
+from keyturn.rotators.base import NewKey, RotationRequest, json_kind
 from keyturn.secret import Secret
 
 STRIPPED_PREFIXES = ("KEYTURN_", "VAULT_", "BAO_")
@@ -69,7 +69,7 @@ class ExecRotator:
         answer = self._object("create", await self._run("create", request, None), request)
         key = answer.get("key")
         if not isinstance(key, str) or not key:
-            shown = "missing" if "key" not in answer else f"{_kind(key)}"
+            shown = "missing" if "key" not in answer else json_kind(key)
             raise self._error(
                 f'create: stdout "key" is {shown}; expected the new key as a non-empty string',
                 request,
@@ -79,7 +79,7 @@ class ExecRotator:
             key_id = str(key_id)
         if key_id is not None and (not isinstance(key_id, str) or not key_id):
             raise self._error(
-                f'create: stdout "key_id" is {_kind(key_id)}; expected a non-empty string '
+                f'create: stdout "key_id" is {json_kind(key_id)}; expected a non-empty string '
                 "or no key_id",
                 request,
             )
@@ -161,7 +161,7 @@ class ExecRotator:
             raise self._error(f"{action}: stdout is not one JSON object", request) from None
         if not isinstance(answer, dict):
             raise self._error(
-                f"{action}: stdout is {_kind(answer)}; expected one JSON object", request
+                f"{action}: stdout is {json_kind(answer)}; expected one JSON object", request
             )
         return answer
 
@@ -260,17 +260,3 @@ def _leaves(document: object, into: set[str]) -> None:
     elif isinstance(document, list):
         for value in document:
             _leaves(value, into)
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "an empty string" if not value else "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"

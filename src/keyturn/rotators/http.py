@@ -32,7 +32,7 @@ from keyturn.config.templates import (
 )
 from keyturn.errors import RotationError
 from keyturn.providers.http import pooled_client, raise_if_transient, send_bounded
-from keyturn.rotators.base import NewKey, RotationRequest
+from keyturn.rotators.base import NewKey, RotationRequest, json_kind
 from keyturn.secret import Secret
 
 # A revoke of a key the provider no longer knows has nothing left to do.
@@ -85,9 +85,8 @@ class HttpRotator:
         document = self._json("create", body, request)
         value = self._pick(document, call.value, "create", request)
         if not isinstance(value, str) or not value:
-            shown = "an empty string" if value == "" else _kind(value)
             raise self._error(
-                f"create response: {call.value} is {shown}; expected the new key as a "
+                f"create response: {call.value} is {json_kind(value)}; expected the new key as a "
                 "non-empty string",
                 request,
             )
@@ -228,20 +227,6 @@ def _identifier(value: object) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     return None
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return "a string"
 
 
 def _error_code(body: bytes) -> str | None:

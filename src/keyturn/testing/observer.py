@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from keyturn.events import Event
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
 class RecordingObserver:
-    """Takes any observer event (token_request, published, scheduled, failed, suspicious, …)
-    and keeps it as `(name, args)` in `calls`."""
+    """Keeps every event in `events`, in order."""
 
-    calls: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
 
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        if name.startswith("__"):
-            raise AttributeError(name)
+    def __call__(self, event: Event) -> None:
+        self.events.append(event)
 
-        def record(*args: object) -> None:
-            self.calls.append((name, args))
-
-        return record
-
-    def named(self, name: str) -> list[tuple[object, ...]]:
-        """The arguments of every `name` event, in order."""
-        return [args for call, args in self.calls if call == name]
+    def of(self, kind: type[E]) -> list[E]:
+        """Every event of type `kind`, in order."""
+        return [event for event in self.events if isinstance(event, kind)]

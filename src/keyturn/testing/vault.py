@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from keyturn.clock import Clock, SystemClock
 from keyturn.errors import (
-    SecretReferenceError,
     VaultCasConflict,
     VaultPermissionDenied,
     VaultUnavailable,
@@ -31,6 +30,7 @@ from keyturn.vault.store import (
     KvMetadata,
     KvStore,
     VersionInfo,
+    pick_fields,
     reveal_data,
     validate_path,
 )
@@ -55,7 +55,7 @@ class _Record:
 
 
 class FakeVaultStore:
-    """In-memory KV v2 on `mount` (and any other mount, for `read_field`)."""
+    """In-memory KV v2 on `mount` (and any other mount, for `read_fields`)."""
 
     def __init__(
         self,
@@ -202,23 +202,19 @@ class FakeVaultStore:
         self._check(f"{self.mount}/metadata/{path}", "delete", path)
         self._records.pop((self.mount, path), None)
 
-    async def read_field(
-        self, mount: str, path: str, field: str, *, consistent: bool = False
-    ) -> Secret:
+    async def read_fields(
+        self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
+    ) -> dict[str, Secret]:
         self._enter("read field", path, mount=mount)
         self.reads.append(("read_field", path, consistent))
         self._check(f"{mount}/data/{path}", "read", path, mount=mount)
-        reference = f"vault:{mount}/{path}#{field}"
         record = self._records.get((mount, path))
         number = self._visible(record, consistent) if mount == self.mount else None
         if record is not None and number is None:
             number = record.current_version
         version = record.versions.get(number) if record and number is not None else None
-        if version is None or not _live(version):
-            raise SecretReferenceError(f"{reference}: no secret at {mount}/{path}")
-        if field not in version.data:
-            raise SecretReferenceError(f"{reference}: the secret has no field {field!r}")
-        return Secret(version.data[field])
+        values = version.data if version is not None and _live(version) else None
+        return pick_fields(mount, path, values, fields)
 
     async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
         self._enter("capabilities", None)

@@ -26,7 +26,6 @@ import requests.adapters
 
 from keyturn.clock import Clock
 from keyturn.errors import (
-    SecretReferenceError,
     VaultCasConflict,
     VaultDataError,
     VaultError,
@@ -47,6 +46,7 @@ from keyturn.vault.store import (
     KvMetadata,
     KvStore,
     VersionInfo,
+    pick_fields,
     reveal_data,
     validate_path,
 )
@@ -225,12 +225,11 @@ class VaultStore:
             consistent=True,
         )
 
-    async def read_field(
-        self, mount: str, path: str, field: str, *, consistent: bool = False
-    ) -> Secret:
+    async def read_fields(
+        self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
+    ) -> dict[str, Secret]:
         validate_path(mount, what="mount")
         validate_path(path)
-        reference = f"vault:{mount}/{path}#{field}"
         body = await self._call(
             "GET",
             mount,
@@ -242,14 +241,7 @@ class VaultStore:
         )
         data = _dict(body.get("data") if body else None)
         values = _dict(data.get("data")) if data else None
-        if values is None:
-            raise SecretReferenceError(f"{reference}: no secret at {mount}/{path}")
-        if field not in values:
-            raise SecretReferenceError(f"{reference}: the secret has no field {field!r}")
-        value = values[field]
-        if not isinstance(value, str):
-            raise VaultDataError(f"{reference}: field {field!r} is not a string", path=path)
-        return Secret(value)
+        return pick_fields(mount, path, values, fields)
 
     async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
         wanted = [validate_path(path) for path in paths]

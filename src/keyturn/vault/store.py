@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from keyturn.errors import SecretReferenceError, VaultDataError
 from keyturn.secret import Secret
 
 
@@ -60,7 +61,7 @@ class KvMetadata:
 
 @runtime_checkable
 class KvStore(Protocol):
-    """Async access to one KV v2 mount (plus `read_field` on any mount, for references)."""
+    """Async access to one KV v2 mount (plus `read_fields` on any mount, for references)."""
 
     async def read(self, path: str, *, consistent: bool = False) -> KvEntry | None:
         """The latest version; None if never written or the latest version is deleted/destroyed.
@@ -96,14 +97,15 @@ class KvStore(Protocol):
         """Delete the metadata and every version (locks, state cleanup); no error if absent."""
         ...
 
-    async def read_field(
-        self, mount: str, path: str, field: str, *, consistent: bool = False
-    ) -> Secret:
-        """One string field of `vault:<mount>/<path>#<field>` on any KV v2 mount (`consistent`
-        as for `read`, e.g. when re-reading an input that was just refused).
+    async def read_fields(
+        self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
+    ) -> dict[str, Secret]:
+        """String fields of the secret at `<mount>/<path>` on any KV v2 mount, in one read
+        (`consistent` as for `read`, e.g. when re-reading an input that was just refused).
 
         A missing secret or field raises `SecretReferenceError`; a non-string value
-        `VaultDataError`. Both name mount, path and field, never the value.
+        `VaultDataError`. Both name mount, path and field (`vault:<mount>/<path>#<field>`),
+        never the value.
         """
         ...
 
@@ -136,6 +138,25 @@ def validate_path(path: str, *, what: str = "path") -> str:
         if segment in ("", ".", ".."):
             raise ValueError(f"vault {what} {path!r} contains an empty, '.' or '..' segment")
     return path
+
+
+def pick_fields(
+    mount: str, path: str, values: Mapping[str, Any] | None, fields: Sequence[str]
+) -> dict[str, Secret]:
+    """`fields` of a secret's data as read (None: no secret there), or the error that names the
+    first reference that cannot be resolved."""
+    picked: dict[str, Secret] = {}
+    for field in fields:
+        reference = f"vault:{mount}/{path}#{field}"
+        if values is None:
+            raise SecretReferenceError(f"{reference}: no secret at {mount}/{path}")
+        if field not in values:
+            raise SecretReferenceError(f"{reference}: the secret has no field {field!r}")
+        value = values[field]
+        if not isinstance(value, str):
+            raise VaultDataError(f"{reference}: field {field!r} is not a string", path=path)
+        picked[field] = Secret(value)
+    return picked
 
 
 def reveal_data(path: str, data: Mapping[str, str | Secret]) -> dict[str, str]:

@@ -1,0 +1,196 @@
+"""Reading the schema itself: each table's keys, and where a key path leads.
+
+The loader asks the schema, never a list of its own, which keys a table has (unknown keys,
+"did you mean", `KEYTURN_…` overrides) and what a key expects ("missing; expected …").
+`tables()` lists every table of the file (the docs test checks each key is documented).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic.fields import FieldInfo
+
+from keyturn.config.fields import Check
+from keyturn.config.schema import (
+    Config,
+    CredentialKind,
+    Entries,
+    ForKind,
+    NotAKey,
+    Via,
+    fields_of,
+)
+
+
+@dataclass(frozen=True)
+class Node:
+    """What a key holds: a table (`model`), a union of tables chosen by `discriminator`, an
+    array (`item`), or a value (`check`)."""
+
+    model: type | None = None
+    discriminator: str = ""
+    members: Mapping[str, type] = field(default_factory=dict)
+    item: Node | None = None
+    check: Check | None = None
+    annotation: Any = None
+    entries: Entries | None = None
+
+
+@functools.cache
+def keys(model: type) -> Mapping[str, FieldInfo]:
+    """A table's keys (a field's alias or name) in the schema's order."""
+    return MappingProxyType(
+        {
+            info.alias or name: info
+            for name, info in fields_of(model).items()
+            if info.init is not False and not any(isinstance(m, NotAKey) for m in info.metadata)
+        }
+    )
+
+
+def keys_for(model: type, table: object) -> Mapping[str, FieldInfo]:
+    """The keys a table of `model` takes, given its data: a credential's depend on its kind."""
+    kind = table.get("kind") if isinstance(table, dict) else None
+    return _keys_of_kind(model, kind if kind in get_args(CredentialKind) else None)
+
+
+@functools.cache
+def _keys_of_kind(model: type, kind: str | None) -> Mapping[str, FieldInfo]:
+    return MappingProxyType(
+        {
+            key: info
+            for key, info in keys(model).items()
+            if kind is None
+            or not any(isinstance(m, ForKind) and m.only not in (None, kind) for m in info.metadata)
+        }
+    )
+
+
+def tag_of(member: type, discriminator: str) -> str:
+    tag: str = get_args(keys(member)[discriminator].annotation)[0]
+    return tag
+
+
+def node(annotation: Any, metadata: list[Any] | None = None) -> Node:
+    """What a type annotation (with its `Annotated` metadata) holds in the file."""
+    metadata = list(metadata or [])
+    while True:
+        if get_origin(annotation) is Annotated:
+            annotation, *more = get_args(annotation)
+            metadata += more
+        elif get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(
+            annotation
+        ):
+            [annotation] = [a for a in get_args(annotation) if a is not type(None)]
+        else:
+            break
+    for meta in metadata:
+        if isinstance(meta, Via):
+            return node(meta.table)
+        if isinstance(meta, Check):
+            return Node(check=meta, annotation=annotation)
+    discriminator = next(
+        (m.discriminator for m in metadata if isinstance(m, FieldInfo) and m.discriminator), None
+    )
+    if isinstance(discriminator, str):
+        members = {tag_of(m, discriminator): m for m in get_args(annotation)}
+        return Node(discriminator=discriminator, members=members)
+    if hasattr(annotation, "__pydantic_fields__"):
+        return Node(model=annotation)
+    entries = next((m for m in metadata if isinstance(m, Entries)), None)
+    if get_origin(annotation) is Mapping:
+        return Node(item=node(get_args(annotation)[1]), entries=entries)
+    if get_origin(annotation) is tuple:
+        return Node(item=node(get_args(annotation)[0]), entries=entries)
+    return Node(annotation=annotation)
+
+
+@functools.cache
+def field_node(info: FieldInfo) -> Node:
+    return node(info.annotation, [*info.metadata, info])
+
+
+@dataclass
+class Spot:
+    """Where a pydantic error's `loc` leads. `loc`: the key path in the file (array indices
+    as ints, union tags left out). `owner`: the table holding the last key, chosen by `tag`
+    (discriminator, value) or held at key `owner_key`. `info` / `node`: the last key's field
+    and what it holds (None for a key the table does not have)."""
+
+    loc: tuple[str | int, ...] = ()
+    owner: type | None = None
+    tag: tuple[str, str] | None = None
+    owner_key: str = ""
+    info: FieldInfo | None = None
+    node: Node | None = field(default_factory=lambda: Node(model=Config))
+
+
+def locate(loc: tuple[str | int, ...]) -> Spot:
+    """Follow a pydantic error's `loc` through the schema from `Config`."""
+    spot = Spot()
+    tag: tuple[str, str] | None = None
+    for step in loc:
+        here = spot.node
+        if here is not None and here.members and isinstance(step, str) and step in here.members:
+            tag = (here.discriminator, step)
+            spot.node = Node(model=here.members[step])
+            continue
+        if here is not None and here.item is not None and isinstance(step, int):
+            spot.node = here.item
+        elif here is not None and here.model is not None and isinstance(step, str):
+            previous = spot.loc[-1] if spot.loc else ""
+            spot.owner, spot.tag = here.model, tag
+            spot.owner_key = previous if isinstance(previous, str) else ""
+            spot.info = keys(here.model).get(step)
+            spot.node = None if spot.info is None else field_node(spot.info)
+            tag = None
+        else:
+            spot.node = None
+        spot.loc += (step,)
+    return spot
+
+
+def tables(
+    at: str = "", here: Node | None = None
+) -> Iterator[tuple[str, type, tuple[str, str] | None]]:
+    """Every table of the file: its key path (`[]` for an array's items), its model, and the
+    (discriminator, value) that chose it, if any."""
+    here = here or Node(model=Config)
+    if here.item is not None:
+        yield from tables(at + "[]", here.item)
+    chosen: list[tuple[type, tuple[str, str] | None]] = [
+        (model, (here.discriminator, tag)) for tag, model in here.members.items()
+    ]
+    for model, tag in chosen or ([(here.model, None)] if here.model else []):
+        yield at, model, tag
+        for key, info in keys(model).items():
+            yield from tables(f"{at}.{key}" if at else key, field_node(info))
+
+
+def walk(
+    table: object, here: Node | None = None, loc: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple[str | int, ...], type, dict[str, Any]]]:
+    """Every table in the file's data, with its key path and model (a union's by its tag)."""
+    here = here or Node(model=Config)
+    if here.item is not None:
+        for index, item in enumerate(table if isinstance(table, list) else []):
+            yield from walk(item, here.item, (*loc, index))
+        return
+    if not isinstance(table, dict):
+        return
+    model = here.model
+    if here.members:
+        tag = table.get(here.discriminator)
+        model = here.members.get(tag) if isinstance(tag, str) else None
+    if model is None:
+        return
+    yield loc, model, table
+    for key, info in keys(model).items():
+        if key in table:
+            yield from walk(table[key], field_node(info), (*loc, key))

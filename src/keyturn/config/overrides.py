@@ -1,0 +1,182 @@
+"""`KEYTURN_…` overrides: an environment variable sets one scalar key of the file.
+
+A key's variable is `KEYTURN_` and its key path in upper case, `_` between parts and `-` read
+as `_` (`KEYTURN_VAULT_TIMEOUT`); an entry is picked by its name
+(`KEYTURN_CREDENTIALS_WEB_APP_REFRESH_MARGIN`). Which keys a table has comes from the schema,
+after its `method`, `type` or `kind`, which a variable may set too. A value goes into the data
+as `EnvText`, which the key's type reads by its own rules (`true`/`1`, "200,201", a JSON
+array). Every variable of the namespace that sets no key is a problem, with the closest
+valid name when there is one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from keyturn.config.fields import EnvText
+from keyturn.config.keys import Node, field_node, keys, keys_for
+from keyturn.config.schema import Config
+
+ENV_PREFIX = "KEYTURN"
+Loc = tuple[str | int, ...]
+# `KEYTURN_<SECTION>_…` variables are overrides; other `KEYTURN_…` variables (such as the
+# CLI's KEYTURN_CONFIG) belong to someone else, unless their section is a near-miss typo.
+SECTIONS = tuple(key.upper() for key in keys(Config))
+_GENERIC = (
+    "expected KEYTURN_<SECTION>_<KEY> for a key of [keyturn], [vault] or [metrics], "
+    "KEYTURN_VAULT_AUTH_<KEY>, KEYTURN_PROVIDERS_<NAME>_<KEY>, KEYTURN_ROTATORS_<NAME>_<KEY>, "
+    "KEYTURN_CREDENTIALS_<NAME>_<KEY> or KEYTURN_ALERTS_<NAME>_<KEY>"
+)
+
+
+def env_name(key: str) -> str:
+    """The part of a variable name a key or entry name contributes: upper case, '-' → '_'."""
+    return key.upper().replace("-", "_")
+
+
+def is_override(var: str) -> bool:
+    """Whether `var` is in the override namespace (or a near miss of it)."""
+    head, sep, rest = var.partition("_")
+    if head != ENV_PREFIX or not sep:
+        return False
+    section = rest.partition("_")[0]
+    return section in SECTIONS or bool(
+        difflib.get_close_matches(section, SECTIONS, n=1, cutoff=0.75)
+    )
+
+
+class Overrides:
+    """Applies the variables of `environ` to the file's data. `origin` maps a key path to
+    the variable that set it; `problems` are `(variable, message)` pairs. `path` shows a key
+    path, `entries(section)` the entries overrides can pick: (index, name)."""
+
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        path: Callable[[Loc], str],
+        entries: Callable[[str], list[tuple[int, str]]],
+    ) -> None:
+        self.environ = environ
+        self.path = path
+        self.entries = entries
+        self.origin: dict[Loc, str] = {}
+        self.problems: list[tuple[str, str]] = []
+        self._consumed: dict[str, str] = {}  # variable -> the key path it set
+        self._known: set[str] = set()  # every variable some key would have read
+        self._prefixes: dict[str, str] = {}  # KEYTURN_PROVIDERS_ACME -> providers["acme"]
+        self._names: dict[str, list[str]] = {}  # KEYTURN_PROVIDERS_ -> ["ACME"]
+        self._sections: dict[str, str] = {}  # KEYTURN_PROVIDERS_ -> "provider"
+
+    def apply(self, data: dict[str, Any]) -> None:
+        for key, info in keys(Config).items():
+            here, prefix = field_node(info), f"{ENV_PREFIX}_{env_name(key)}"
+            if here.entries is not None and here.item is not None:
+                self._sections[prefix + "_"] = here.entries.singular
+                names = self._names.setdefault(prefix + "_", [])
+                for index, name in self.entries(key):
+                    names.append(env_name(name))
+                    item_prefix = f"{prefix}_{env_name(name)}"
+                    self._table(data[key][index], here.item, item_prefix, (key, index), True)
+            elif isinstance(data.get(key), dict):
+                self._table(data[key], here, prefix, (key,))
+        for var in sorted(self.environ):
+            if is_override(var) and var not in self._consumed:
+                self.problems.append((var, self._unknown(var)))
+
+    def where(self, loc: Loc) -> str:
+        """Where a problem is: its key path, after the variable that set the key if one did."""
+        var = self.origin.get(loc)
+        return f"environment {var}: {self.path(loc)}" if var else self.path(loc)
+
+    def _table(
+        self, table: dict[str, Any], here: Node, prefix: str, loc: Loc, entry: bool = False
+    ) -> None:
+        self._prefixes[prefix] = self.path(loc)
+        model = here.model
+        if here.members:  # the discriminator first: it decides which keys there are
+            self._scalar(table, here.discriminator, prefix, loc, text=str)
+            tag = table.get(here.discriminator)
+            model = here.members.get(tag) if isinstance(tag, str) else None
+        if model is None:
+            return
+        for key, info in keys(model).items():
+            if key == here.discriminator or (entry and key == "name"):
+                continue
+            taken = keys_for(model, table)  # (again: a credential's `kind` may just have been set)
+            sub = field_node(info)
+            if (sub.model is not None or sub.members) and key in taken:
+                defaulted = info.default_factory is not None  # such as `refresh`
+                self._sub_table(table, key, defaulted, sub, prefix, loc)
+            elif sub.check is not None:  # (not an array of tables: sinks have no names)
+                self._scalar(table, key, prefix, loc, known=key in taken)
+
+    def _sub_table(
+        self, table: dict[str, Any], key: str, defaulted: bool, here: Node, prefix: str, loc: Loc
+    ) -> None:
+        """A table in a table: its keys are known if it is there (in the file or by some
+        variable) or `defaulted` (a table of defaults, such as `refresh`)."""
+        prefix = f"{prefix}_{env_name(key)}"
+        value = table.get(key)
+        if isinstance(value, dict):
+            self._table(value, here, prefix, (*loc, key))
+        elif value is None and (defaulted or any(v.startswith(prefix + "_") for v in self.environ)):
+            created: dict[str, Any] = {}
+            self._table(created, here, prefix, (*loc, key))
+            if created:
+                table[key] = created
+
+    def _scalar(
+        self,
+        table: dict[str, Any],
+        key: str,
+        prefix: str,
+        loc: Loc,
+        known: bool = True,
+        text: Callable[[str], str] = EnvText,
+    ) -> None:
+        var = f"{prefix}_{env_name(key)}"
+        if known:
+            self._known.add(var)
+        if var not in self.environ:
+            return
+        here = self.path((*loc, key))
+        earlier = self._consumed.setdefault(var, here)
+        if earlier != here:
+            self.problems.append(
+                (
+                    var,
+                    f"ambiguous: it overrides both {earlier} and {here}; expected entry names "
+                    "that still differ when upper-cased with '-' read as '_'",
+                )
+            )
+        table[key] = text(self.environ[var])
+        self.origin[(*loc, key)] = var
+
+    def _unknown(self, var: str) -> str:
+        known = sorted(self._known)
+        owners = [prefix for prefix in self._prefixes if var.startswith(prefix + "_")]
+        if owners:
+            # The variable names a table: say which keys it has.
+            owner = max(owners, key=len)
+            names = sorted({v[len(owner) + 1 :] for v in known if v.startswith(owner + "_")})
+            close = difflib.get_close_matches(var[len(owner) + 1 :], names, n=1, cutoff=0.6)
+            if close:
+                return f"not a key of {self._prefixes[owner]}; did you mean {owner}_{close[0]}?"
+            return (
+                f"not a key of {self._prefixes[owner]}; "
+                f"expected {owner}_<KEY> with <KEY> one of: {', '.join(names)}"
+            )
+        close = difflib.get_close_matches(var, known, n=1, cutoff=0.9)
+        if close:
+            return f"not a known override; did you mean {close[0]}?"
+        for head, singular in self._sections.items():
+            if var.startswith(head):
+                names = sorted(self._names[head])
+                listing = ", ".join(names) if names else f"(no {singular}s are configured)"
+                return (
+                    f"names no configured {singular}; "
+                    f"expected {head}<NAME>_<KEY> with <NAME> one of: {listing}"
+                )
+        return f"not a known override; {_GENERIC}"

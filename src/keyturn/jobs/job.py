@@ -1,0 +1,420 @@
+"""One credential's job: the lease, the journal record, and the tasks that move it forward.
+
+Every credential has one private state record in Vault (`keyturn.state.CredentialState`), written
+with check-and-set. A job run reads it, asks each task when it is next due, and if any task is
+due now takes the lease (a CAS write naming this instance) and runs the due tasks in order
+(refresh before rotation, so a slow rotator never delays a token that is due). Each
+task saves its progress through the same record, so a crash between any two steps resumes
+from the last saved one. Failures are the task's own: it records them in the record and plans a
+retry with backoff; the other tasks of the job still run.
+
+The lease is short: it covers one step (a provider request bounded by its timeout, and a Vault
+write) and is renewed while the run goes on, and it never outlasts half of what the published
+token has left. So when the instance holding it dies, another one takes over while apps still
+read a valid token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import traceback
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from keyturn.clock import Clock
+from keyturn.config import CredentialConfig
+from keyturn.errors import KeyturnError, VaultCasConflict
+from keyturn.events import Failed, Observer, Restored, Scheduled
+from keyturn.layout import state_path
+from keyturn.logs import get_logger
+from keyturn.policy import retry_delay
+from keyturn.secret import Secret
+from keyturn.state import CredentialState, LeaseRecord
+from keyturn.vault.store import KvStore
+
+log = get_logger("keyturn.job")
+
+# A lease is never shorter than this, whatever the token has left: a step must be able to
+# start. Renewals come every third of the lease.
+MIN_LEASE = 2.0
+
+# Called (credential, point) after a task stores a named journal point (the rotation's are
+# `keyturn.jobs.rotation.CHECKPOINTS`): a no-op in production; the crash tests inject one that
+# stops dead there, then kill the daemon.
+Checkpoint = Callable[[str, str], Awaitable[None]]
+
+
+async def no_checkpoint(credential: str, point: str) -> None:
+    """The production checkpoint: nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobDeps:
+    """What every job and task of one configuration shares, passed once: where the records
+    live, who hears about runs, the time and the jitter, and who this instance is."""
+
+    store: KvStore
+    observer: Observer
+    clock: Clock
+    rng: random.Random  # jitter, not cryptography
+    instance_id: str
+    state_prefix: str = "keyturn/state"
+    # One step's worth of work: the longest provider timeout plus slack (see Lease).
+    lease_seconds: float = 30.0
+    checkpoint: Checkpoint = no_checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a run did and when the next one is due (epoch seconds)."""
+
+    action: str  # "refreshed" | "rotated" | "fresh" | "lease_held" | "failed" | a task's word
+    next_due: float
+    state: CredentialState
+    error: KeyturnError | None = None
+
+
+class LeaseHeld(KeyturnError):
+    retryable = True
+
+
+class UnexpectedError(KeyturnError):
+    """An exception keyturn did not expect (a bug, or input nobody foresaw). It is a failure of
+    the one credential: recorded, backed off and alerted like any other, never a dead job.
+    Its text names the exception type and where it happened, never the exception's own text
+    (which could hold a value)."""
+
+    retryable = True
+
+
+def unexpected(error: BaseException, *, credential: str, where: str) -> UnexpectedError:
+    frames = traceback.extract_tb(error.__traceback__)
+    at = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+    log.error(
+        "job.unexpected_error",
+        credential=credential,
+        where=where,
+        error_type=type(error).__name__,
+        frames=[f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} in {f.name}" for f in frames[-6:]],
+    )
+    return UnexpectedError(f"{where}: unexpected {type(error).__name__}{at}", credential=credential)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who holds a credential's record, and for how long each write extends the hold."""
+
+    owner: str
+    seconds: float
+
+    def until(self, state: CredentialState, now: float) -> float:
+        """`now` plus the lease length: `seconds` (one step's worth of work), but while the
+        published token is valid at most half of what it has left, and at most what it has
+        left minus one step (at least MIN_LEASE), so a dead holder's lease ends in time for
+        another instance to take over and refresh before apps see an expired token."""
+        length = self.seconds
+        expires_at = state.token.expires_at
+        if expires_at is not None and expires_at > now:
+            left = expires_at - now
+            length = min(length, max(MIN_LEASE, min(left / 2, left - self.seconds)))
+        return now + length
+
+
+class Journal:
+    """The state record of one run. `save` writes it now, with check-and-set (a durability
+    point: nothing may happen before it is stored); `stage` only keeps it for the write that
+    ends the run and releases the lease. With a `lease`, every save also extends the lease, and
+    `keep_alive` renews it while a long step runs. Writes are serialised, so a renewal never
+    races a task's own save for the CAS version."""
+
+    def __init__(
+        self,
+        store: KvStore,
+        path: str,
+        state: CredentialState,
+        version: int,
+        *,
+        clock: Clock | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        self._store = store
+        self._path = path
+        self.state = state
+        self.version = version
+        self._clock = clock
+        self._lease = lease
+        self._lock = asyncio.Lock()
+
+    async def save(self, state: CredentialState) -> CredentialState:
+        async with self._lock:
+            return await self._write(self._leased(state))
+
+    async def renew(self) -> CredentialState:
+        """Extend the lease on the record as it is when the write starts: the state is read
+        under the lock, so a renewal queued behind a task's save never writes back the state
+        that save replaced."""
+        async with self._lock:
+            return await self._write(self._leased(self.state))
+
+    def _leased(self, state: CredentialState) -> CredentialState:
+        if self._lease is None or self._clock is None:
+            return state
+        until = self._lease.until(state, self._clock.time())
+        return replace(state, lease=LeaseRecord(self._lease.owner, until))
+
+    def stage(self, state: CredentialState) -> CredentialState:
+        self.state = state
+        return state
+
+    async def release(self) -> CredentialState:
+        """Write the staged state with the lease given up: the run is over."""
+        async with self._lock:
+            return await self._write(replace(self.state, lease=LeaseRecord()))
+
+    async def _write(self, state: CredentialState) -> CredentialState:
+        staged = self.state
+        self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+        if self.state is staged:
+            self.state = state
+        # else a task staged a newer state while this write (a lease renewal) was under way:
+        # that one is what the run has done, and what the release will store.
+        return state
+
+    async def keep_alive(self, stop: asyncio.Event) -> None:
+        """Renew the lease every third of its length until `stop` is set. A lost CAS means
+        another instance took the record: the running step's next save fails the same way."""
+        if self._lease is None or self._clock is None:
+            return
+        clock = self._clock
+        while True:
+            now = clock.time()
+            interval = max(0.5, (self._lease.until(self.state, now) - now) / 3)
+            sleeper = asyncio.ensure_future(clock.sleep(interval))
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                stopper.cancel()
+            if stop.is_set():
+                return
+            try:
+                await self.renew()
+            except VaultCasConflict:
+                log.warning("lease.lost", path=self._path)
+                return
+            except KeyturnError as error:
+                log.warning("lease.renewal_failed", path=self._path, error=str(error))
+
+
+class Task(Protocol):
+    """One kind of work on a credential (refreshing a token, rotating a key)."""
+
+    name: str
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        """When this task next needs to run (epoch seconds; `now` or earlier: run now)."""
+
+    async def step(self, journal: Journal) -> str:
+        """Do the due work, saving progress through `journal`; returns a word for the outcome.
+        Raises a KeyturnError on failure."""
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        """The state after `error` (failure count, last error, retry time) and the number of
+        consecutive failures of this task."""
+
+
+class Inputs(Protocol):
+    """One credential's configured inputs, resolved when a task asks (implemented by
+    `keyturn.jobs.build.CredentialInputs`; tests pass fakes)."""
+
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        """(client_id, client_secret); `fresh=True` reads them again at their source."""
+
+    async def refresh_token(self) -> Secret | None:
+        """The `refresh_token` input (a starting refresh token), read afresh; None if none is
+        configured."""
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        """The `initial_key` input and its id, an existing key to adopt; None if none."""
+
+
+class CredentialJob:
+    """Runs one credential's tasks. Stateless between runs: Vault holds the state. Failures
+    outside any task back off by the credential's own `backoff`."""
+
+    def __init__(self, credential: CredentialConfig, tasks: Sequence[Task], deps: JobDeps) -> None:
+        self.name = credential.name
+        self.provider = credential.provider
+        self.kind = credential.kind
+        self.tasks = list(tasks)
+        self._store = deps.store
+        self._observer = deps.observer
+        self._clock = deps.clock
+        self._rng = deps.rng
+        self._instance = deps.instance_id
+        self._path = state_path(deps.state_prefix, credential.name)
+        self._lease = Lease(deps.instance_id, deps.lease_seconds)
+        self._backoff = credential.backoff
+        # Failures outside any task (the record cannot be read, the lease cannot be taken or
+        # released), and the last state read, whose token bounds the retry delay.
+        self._job_failures = 0
+        self._last_state = CredentialState()
+
+    def task(self, name: str) -> Task | None:
+        return next((t for t in self.tasks if t.name == name), None)
+
+    async def run(
+        self,
+        *,
+        force: bool | Collection[str] = False,
+        prepare: Callable[[Journal], None] | None = None,
+    ) -> Outcome:
+        """Run what is due (and the tasks named in `force`; `True` forces them all), else plan
+        the next run. `prepare` changes the journal under the lease before the tasks run (e.g.
+        `keyturn import-key`). Never raises: failures, expected or not, come back in the
+        Outcome."""
+        try:
+            return await self._run(force, prepare)
+        except Exception as exc:  # a bug must cost one credential one retry, not its job
+            error = (
+                exc
+                if isinstance(exc, KeyturnError)
+                else unexpected(exc, credential=self.name, where="run")
+            )
+            self._job_failures += 1
+            return self._failure_outcome(self._last_state, error, self._job_failures)
+
+    async def _run(
+        self, force: bool | Collection[str], prepare: Callable[[Journal], None] | None
+    ) -> Outcome:
+        forced = {t.name for t in self.tasks} if force is True else set(force or ())
+        try:
+            entry = await self._store.read(self._path, consistent=True)
+            state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
+            version = entry.version if entry else 0
+        except KeyturnError as error:
+            # Nothing is written: a record that may hold a refresh token or a key is never
+            # overwritten blindly.
+            self._job_failures += 1
+            return self._failure_outcome(self._last_state, error, self._job_failures)
+        self._last_state = state
+        token = state.token
+        self._observer(
+            Restored(
+                self.name,
+                self.provider,
+                self.kind,
+                token.issued_at,
+                token.expires_at,
+                token.last_success,
+                token.consecutive_failures,
+            )
+        )
+        now = self._clock.time()
+        dues = [await t.due(state, now, t.name in forced) for t in self.tasks]
+        if not any(due <= now for due in dues):
+            self._job_failures = 0
+            return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
+        if state.lease.held_by_other(self._instance, now):
+            return self._lease_held(state, state.lease.until or now)
+        journal = Journal(
+            self._store, self._path, state, version, clock=self._clock, lease=self._lease
+        )
+        try:
+            await journal.save(state)  # takes the lease; CAS proves the read was current
+        except VaultCasConflict:
+            return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
+        except KeyturnError as error:
+            self._job_failures += 1
+            return self._failure_outcome(state, error, self._job_failures)
+        stop = asyncio.Event()
+        keeper = asyncio.ensure_future(journal.keep_alive(stop))
+        try:
+            if prepare is not None:
+                try:
+                    prepare(journal)
+                    await journal.save(journal.state)  # e.g. an imported key: stored before use
+                except KeyturnError as refused:
+                    stop.set()
+                    await keeper
+                    await journal.release()
+                    return Outcome("refused", now, journal.state, refused)
+            action, failure = await self._run_tasks(journal, forced)
+        finally:
+            stop.set()
+            await keeper
+        return await self._finish(journal, action, failure)
+
+    async def _run_tasks(
+        self, journal: Journal, forced: set[str]
+    ) -> tuple[str, KeyturnError | None]:
+        action, error = "fresh", None
+        for task in self.tasks:
+            now = self._clock.time()
+            if await task.due(journal.state, now, task.name in forced) > now:
+                continue
+            try:
+                action = await task.step(journal)
+            except Exception as exc:
+                if isinstance(exc, KeyturnError):
+                    failure: KeyturnError = exc
+                else:
+                    failure = unexpected(exc, credential=self.name, where=task.name)
+                action, error = "failed", failure
+                state, failures = task.failed(journal.state, failure, self._clock.time())
+                self._observer(Failed(self.name, self.provider, self.kind, failure, failures))
+                journal.stage(state)
+        return action, error
+
+    async def _finish(self, journal: Journal, action: str, error: KeyturnError | None) -> Outcome:
+        try:
+            await journal.release()
+        except KeyturnError as exc:
+            # The lease expires by itself. What was staged is not stored: the next run reads
+            # the record again; it backs off like any failure so a broken Vault is no hot loop.
+            self._job_failures += 1
+            return self._failure_outcome(
+                journal.state, error or exc, self._job_failures, report=error is None
+            )
+        self._job_failures = 0
+        self._last_state = journal.state
+        now = self._clock.time()
+        dues = [await t.due(journal.state, now, False) for t in self.tasks]
+        next_due = min(dues, default=now + 3600)
+        return self._planned(Outcome(action, next_due, journal.state, error))
+
+    def _planned(self, outcome: Outcome) -> Outcome:
+        self._observer(Scheduled(self.name, self.provider, self.kind, outcome.next_due))
+        return outcome
+
+    def _lease_held(self, state: CredentialState, until: float) -> Outcome:
+        error = LeaseHeld(
+            f"being worked on by instance {state.lease.owner or 'unknown'}", credential=self.name
+        )
+        # Just after the lease ends (a dead holder's successor must not lose time), spread a
+        # little so that several instances do not race for it in step.
+        return Outcome("lease_held", until + self._rng.uniform(0.05, 0.3), state, error)
+
+    def _failure_outcome(
+        self, state: CredentialState, error: KeyturnError, failures: int, *, report: bool = True
+    ) -> Outcome:
+        """A failure outside any task: the credential's own backoff, bounded by what the token
+        apps read has left. (`report=False`: a task already reported this run's failure.)"""
+        if report:
+            self._observer(Failed(self.name, self.provider, self.kind, error, failures))
+        now = self._clock.time()
+        expires_at = state.token.expires_at
+        remaining = expires_at - now if expires_at is not None else None
+        due = now + retry_delay(
+            failures,
+            self._backoff,
+            self._rng,
+            retry_after=getattr(error, "retry_after", None),
+            remaining=remaining,
+        )
+        return self._planned(Outcome("failed", due, state, error))

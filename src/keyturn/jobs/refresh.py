@@ -1,0 +1,564 @@
+"""Keeping an OAuth access token fresh: the `refresh` task of a credential's job.
+
+    due? ── the stored next_due (drawn from the refresh window at the last success), or now
+     │      if never refreshed, failing past its retry time, or apps read something else
+    seed a starting refresh token from the `refresh_token` input (once; again only after
+     │            the provider refused the held one and the input has changed since)
+    token request (refresh_token grant if one is held, else client_credentials;
+     │            invalid_grant on a refresh: report, drop it, fall back)
+    store a rotated refresh token in the journal (CAS) ── before anything is published
+     │
+    probe the new token (if configured) ── 401/403: VerificationFailed, nothing published
+     │
+    publish with CAS (+ custom_metadata) ── conflict: someone else wrote; report, publish anew
+     │
+    record success and the next due time
+
+The job (`keyturn.jobs.job`) holds the lease around this, so a refresh token is used at most once,
+by one instance (promise 2). `keyturn import-refresh-token` hands a refresh token over through
+`TokenRefresh.accept_refresh_token` under the same lease, then runs this task with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from dataclasses import dataclass, replace
+
+from keyturn.config import CredentialConfig
+from keyturn.errors import (
+    KeyturnError,
+    MalformedResponse,
+    OAuthError,
+    ProviderUnavailable,
+    SecretReferenceError,
+)
+from keyturn.events import Published, Suspicious, TokenRequest
+from keyturn.jobs.job import Inputs, JobDeps, Journal
+from keyturn.jobs.steps import (
+    input_error,
+    outcome_label,
+    publish_with_cas,
+    retry_after,
+    verify_with_probe,
+)
+from keyturn.layout import oauth_published_fields, published_metadata
+from keyturn.logs import get_logger
+from keyturn.policy import refresh_due, retry_delay
+from keyturn.providers.client import GrantType, ProviderClient
+from keyturn.providers.tokens import TokenResponse
+from keyturn.secret import Secret
+from keyturn.state import CredentialState, RefreshTokenRecord, fingerprint, fingerprint_matches
+
+KIND = "oauth_client"
+
+# RFC 6749 Appendix A: a refresh token is 1*VSCHAR.
+_VSCHAR = re.compile(r"[\x20-\x7e]+")
+
+# Answers to an imported refresh token that mean it cannot be used: it is not kept.
+IMPORT_REFUSALS = frozenset({"invalid_grant", "unauthorized_client"})
+
+
+def valid_refresh_token(value: Secret) -> bool:
+    """Whether `value` can be a refresh token (RFC 6749 VSCHAR: %x20-7E, not only spaces)."""
+    return bool(_VSCHAR.fullmatch(value.reveal())) and bool(value.reveal().strip())
+
+
+class RefreshTokenRefused(KeyturnError):
+    """The provider refused a refresh token handed over by `keyturn import-refresh-token`; the
+    record was put back as it was before the import (the refused token is not kept)."""
+
+
+log = get_logger("keyturn.refresher")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingImport:
+    """A refresh token handed over by `keyturn import-refresh-token`, for one run: `restore` is
+    the record's refresh-token part as it was, put back if the provider refuses it;
+    `also_revoke` a replaced refresh token that had no room in `burned_refresh_token`."""
+
+    restore: RefreshTokenRecord
+    also_revoke: Secret | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsaved:
+    """A token answer not yet stored in the record: `attempt` is the in-flight mark it answers
+    (None for a client_credentials grant)."""
+
+    attempt: str | None
+    token: TokenResponse
+    requested_at: float
+
+    def expires_at(self, default_lifetime: float) -> float:
+        lifetime = self.token.expires_in
+        return self.requested_at + (lifetime if lifetime is not None else default_lifetime)
+
+
+# A token living less than this share of the previous one's lifetime counts as drift.
+DRIFT_LIFETIME_RATIO = 0.5
+
+
+def _scopes(scope: str | None) -> frozenset[str]:
+    return frozenset(scope.split()) if scope else frozenset()
+
+
+def _not_used(state: CredentialState) -> CredentialState:
+    """The refresh token was not used by the attempt (refused before the grant, or answered
+    with an error): it stays the one held, no longer in flight."""
+    return replace(state, refresh=replace(state.refresh, in_flight=None))
+
+
+class TokenRefresh:
+    """The `refresh` task: obtains, verifies and publishes a new access token when due."""
+
+    name = "refresh"
+
+    def __init__(
+        self, credential: CredentialConfig, client: ProviderClient, inputs: Inputs, deps: JobDeps
+    ) -> None:
+        self.credential = credential
+        self._default_lifetime = client.provider.default_lifetime
+        self._client = client
+        self._inputs = inputs
+        self._import: PendingImport | None = None
+        self._store = deps.store
+        self._observer = deps.observer
+        self._clock = deps.clock
+        self._rng = deps.rng
+        self._instance = deps.instance_id
+        self._confirmed_version: int | None = None  # published version known to be ours
+        self._unsaved: Unsaved | None = None  # an answer Vault failed to store
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        token = state.token
+        if force or token.phase == "pending" or token.next_due is None:
+            return now
+        if token.phase != "ok":
+            return token.next_due  # failing or expired: the retry time (an unsaved answer too)
+        if self._unsaved is not None or state.refresh.in_flight is not None:
+            return now  # an answer to store, or a refresh token to retire, before anything else
+        if token.published_version != self._confirmed_version:
+            # First look in this process (e.g. after a restart): is what apps read still ours?
+            published = await self._store.read_metadata(self.credential.publish_to, consistent=True)
+            if published is None or published.current_version != token.published_version:
+                return now
+            self._confirmed_version = token.published_version
+        return token.next_due
+
+    def accept_refresh_token(self, journal: Journal, token: Secret) -> None:
+        """`keyturn import-refresh-token`: under the lease, put `token` in the record (the job
+        stores it before the run goes on); the forced run that follows refreshes with it. A
+        refresh token held until now is revoked (RFC 7009) once a token of the new grant is
+        published; if the provider refuses `token`, the record is put back as it was."""
+        held = journal.state.refresh
+        if held.in_flight is not None:  # the held token's answer was lost: burned
+            held = held.burn()
+        previous = held.token if held.token != token else None
+        burned, also_revoke = held.burned, None
+        if previous is not None:
+            if burned is None:
+                burned = previous
+            else:
+                also_revoke = previous
+        self._import = PendingImport(restore=held, also_revoke=also_revoke)
+        imported = replace(held, token=token, burned=burned, refused_at=None)
+        journal.stage(replace(journal.state, refresh=imported))
+
+    async def step(self, journal: Journal) -> str:
+        try:
+            return await self._step(journal)
+        finally:
+            self._import = None  # an import is for one run
+
+    async def _step(self, journal: Journal) -> str:
+        state = journal.state
+        now = self._clock.time()
+        token: TokenResponse | None = None
+        requested_at = now
+        unsaved, self._unsaved = self._unsaved, None
+        if unsaved is not None and unsaved.attempt == state.refresh.in_flight:
+            # The last run got an answer but could not store it (Vault failed): store it before
+            # anything else. Its refresh token is the live one; the one in the record is used.
+            state = await self._store_answer(journal, state, unsaved)
+            if unsaved.expires_at(self._default_lifetime) - now > self.credential.refresh.margin:
+                token, requested_at = unsaved.token, unsaved.requested_at
+        elif state.refresh.in_flight is not None:
+            state = await self._burn(journal, state, "the answer to its last use was lost")
+        if token is None:
+            token, state = await self._obtain_token(journal, state)
+            state = await self._store_answer(
+                journal, state, Unsaved(state.refresh.in_flight, token, requested_at)
+            )
+        lifetime = token.expires_in if token.expires_in is not None else self._default_lifetime
+        # Apps read expires_at in whole seconds (rounded down): plan from that same instant.
+        issued_at, expires_at = requested_at, float(math.floor(requested_at + lifetime))
+        self._check_drift(state, token, lifetime)
+
+        if self.credential.probe:
+            await verify_with_probe(
+                self._client,
+                self._observer,
+                credential=self.credential.name,
+                provider=self.credential.provider,
+                probe=self.credential.probe,
+                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                what="token",
+            )
+        # Planned before publishing, so apps read when keyturn means to replace this token.
+        next_due = refresh_due(issued_at, expires_at, self.credential.refresh, self._rng)
+        published_version = await self._publish(
+            token.access_token, issued_at, expires_at, next_due, state
+        )
+        self._confirmed_version = published_version
+        if state.refresh.burned is not None:  # apps now read a token of another grant
+            await self._revoke(state.refresh.burned)
+            state = replace(state, refresh=replace(state.refresh, burned=None))
+        if self._import is not None and self._import.also_revoke is not None:
+            await self._revoke(self._import.also_revoke)
+        published = replace(
+            state.token,
+            issued_at=issued_at,
+            expires_at=expires_at,
+            scope=token.scope,
+            published_version=published_version,
+            writer=self._instance,
+            last_success=self._clock.time(),
+            last_error=None,
+            consecutive_failures=0,
+            next_due=next_due,
+            phase="ok",
+        )
+        journal.stage(replace(state, token=published))
+        self._observer(
+            Published(self.credential.name, self.credential.provider, KIND, issued_at, expires_at)
+        )
+        return "refreshed"
+
+    async def _store_answer(
+        self, journal: Journal, state: CredentialState, answer: Unsaved
+    ) -> CredentialState:
+        """Promise 2: the rotated refresh token is durable before any access token is
+        published. If Vault fails here the answer is kept in memory and stored first next run
+        (the in-flight mark stays in the record, so a restart treats the old token as used)."""
+        refresh_token = answer.token.refresh_token or state.refresh.token
+        # Holding a refresh token again ends a refusal (see _seed_from_input).
+        refused = state.refresh.refused_at if refresh_token is None else None
+        stored = replace(state.refresh, token=refresh_token, in_flight=None, refused_at=refused)
+        try:
+            return await journal.save(replace(state, refresh=stored))
+        except KeyturnError:
+            self._unsaved = answer
+            raise
+
+    async def _burn(self, journal: Journal, state: CredentialState, why: str) -> CredentialState:
+        """A refresh token whose answer was lost may have been rotated by the provider: never
+        present it again (the provider would see reuse and revoke the family). Drop it, revoke
+        it where the provider offers RFC 7009 once a replacement is published (revoking the
+        grant also kills the access token apps read until then), and let the next grant be
+        client_credentials."""
+        log.warning("refresh_token.lost", credential=self.credential.name, reason=why)
+        return await journal.save(replace(state, refresh=state.refresh.burn()))
+
+    async def _revoke(self, token: Secret) -> None:
+        """Best effort: a failure here is logged; the family then lives out its lifetime."""
+        try:
+            client_id, client_secret = await self._inputs.client()
+            revoked = await self._client.revoke_token(
+                self.credential.name,
+                token=token,
+                token_type_hint="refresh_token",
+                client_id=client_id,
+                client_secret=client_secret,
+            )
+        except KeyturnError as error:
+            log.warning(
+                "refresh_token.revoke_failed", credential=self.credential.name, error=str(error)
+            )
+            return
+        log.info(
+            "refresh_token.revoked" if revoked else "refresh_token.not_revoked",
+            credential=self.credential.name,
+        )
+
+    def _check_drift(self, state: CredentialState, token: TokenResponse, lifetime: float) -> None:
+        """Grant drift: a token not what was asked for, or much shorter-lived than usual."""
+        asked, granted = _scopes(self.credential.scope), _scopes(token.scope)
+        problems = []
+        if token.scope is not None and asked and granted != asked:
+            extra, missing = sorted(granted - asked), sorted(asked - granted)
+            problems.append(f"scope differs from what was asked (extra {extra}, missing {missing})")
+        elif (
+            token.scope is not None
+            and state.token.scope is not None
+            and granted != _scopes(state.token.scope)
+        ):
+            problems.append("scope differs from the previous token's")
+        previous = state.token
+        if previous.issued_at is not None and previous.expires_at is not None:
+            usual = previous.expires_at - previous.issued_at
+            if usual > 0 and lifetime < usual * DRIFT_LIFETIME_RATIO:
+                problems.append(f"lifetime dropped from {usual:.0f}s to {lifetime:.0f}s")
+        if problems:
+            self._observer(
+                Suspicious(
+                    self.credential.name,
+                    self.credential.provider,
+                    "grant_drift",
+                    "warning",
+                    "; ".join(problems),
+                )
+            )
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        if isinstance(error, RefreshTokenRefused):
+            # An operator's import was refused; the record is as before it, and so is the
+            # credential's own standing (its schedule, its failure count).
+            return state, state.token.consecutive_failures
+        failures = state.token.consecutive_failures + 1
+        expires_at = state.token.expires_at
+        remaining = expires_at - now if expires_at is not None else None
+        delay = retry_delay(
+            failures,
+            self.credential.backoff,
+            self._rng,
+            retry_after=retry_after(error),
+            remaining=remaining,
+        )
+        expired = remaining is not None and remaining <= 0
+        token = replace(
+            state.token,
+            consecutive_failures=failures,
+            last_error=str(error),
+            next_due=now + delay,
+            phase="expired" if expired else "failing",
+        )
+        return replace(state, token=token), failures
+
+    async def _obtain_token(
+        self, journal: Journal, state: CredentialState
+    ) -> tuple[TokenResponse, CredentialState]:
+        client_id, input_secret = await self._inputs.client()
+        # After a client-secret rotation the current secret lives in the journal, not the input.
+        rotated = state.rotation.key
+        client_secret = rotated if rotated is not None else input_secret
+        state = await self._seed_from_input(journal, state)
+        # The refresh token held, then at most one new one from a changed input after a refusal.
+        for attempt_number in range(2):
+            if state.refresh.token is None:
+                break
+            # The intent is stored before the token leaves: if the answer is lost, the next
+            # run knows the token may be used up.
+            attempt = uuid.uuid4().hex[:16]
+            state = await journal.save(
+                replace(state, refresh=replace(state.refresh, in_flight=attempt))
+            )
+            try:
+                token = await self._grant(
+                    "refresh_token", client_id, client_secret, state.refresh.token, state
+                )
+                return token, state
+            except ProviderUnavailable as error:
+                if error.answer_lost:
+                    await self._burn(journal, state, f"no answer to the refresh: {error.message}")
+                else:  # the provider answered (5xx): the token was not used
+                    journal.stage(_not_used(state))
+                raise
+            except MalformedResponse:
+                # A 2xx keyturn cannot read may still have rotated the token.
+                await self._burn(journal, state, "the answer to the refresh was malformed")
+                raise
+            except OAuthError as error:
+                if self._import is not None and error.error in IMPORT_REFUSALS:
+                    raise await self._refuse_import(journal, state, error, self._import) from error
+                if error.error != "invalid_grant":
+                    journal.stage(_not_used(state))
+                    raise
+                # The refresh token keyturn alone should hold was refused: it expired, was
+                # revoked, or someone else used it (RFC 9700 reuse detection). Report, drop it.
+                self._observer(
+                    Suspicious(
+                        self.credential.name,
+                        self.credential.provider,
+                        "refresh_token_rejected",
+                        "critical",
+                        "invalid_grant on a refresh token only keyturn should hold; "
+                        "falling back to client_credentials",
+                    )
+                )
+                refused = replace(
+                    state.refresh, token=None, in_flight=None, refused_at=self._clock.time()
+                )
+                state = journal.stage(replace(state, refresh=refused))
+                if attempt_number == 0:
+                    state = await self._seed_from_input(journal, state)
+            except KeyturnError:  # rate limited, or refused before the grant: not used
+                journal.stage(_not_used(state))
+                raise
+        token = await self._grant("client_credentials", client_id, client_secret, None, state)
+        return token, state
+
+    async def _seed_from_input(self, journal: Journal, state: CredentialState) -> CredentialState:
+        """Take the `refresh_token` input into the record when keyturn holds no refresh token
+        and either never seeded from it, or the provider refused the one it held and the input
+        has changed since it was seeded (compared by fingerprint; the value is never kept
+        outside the refresh_token field). Otherwise the input is not read: keyturn owns the
+        refresh token, rotating it as the provider returns new ones.
+
+        A first seed that cannot be read fails the run (backoff; the other credentials are not
+        affected). After a refusal, an unreadable or unchanged input means client_credentials.
+        The seeded token is staged here and stored with the in-flight mark, before it is sent.
+        """
+        if state.refresh.token is not None:
+            return state
+        refused = state.refresh.refused_at is not None
+        seeded = state.refresh.input_fingerprint
+        if seeded is not None and not refused:
+            return state
+        try:
+            value = await self._inputs.refresh_token()
+            if value is not None and not valid_refresh_token(value):
+                raise SecretReferenceError(
+                    "the value contains a character outside %x20-7E (RFC 6749 VSCHAR)"
+                )
+        except KeyturnError as error:
+            named = input_error(error, self.credential.name, "refresh_token")
+            if not refused:
+                raise named from error
+            log.warning(
+                "refresh_token.input_unreadable",
+                credential=self.credential.name,
+                error=named.message,
+            )
+            return state
+        if value is None:  # no refresh_token input: keyturn starts from client_credentials
+            return state
+        if seeded is not None and fingerprint_matches(seeded, value):
+            log.info("refresh_token.input_unchanged", credential=self.credential.name)
+            return state
+        log.info("refresh_token.seeded", credential=self.credential.name, after_refusal=refused)
+        seed = replace(
+            state.refresh, token=value, input_fingerprint=fingerprint(value), refused_at=None
+        )
+        return journal.stage(replace(state, refresh=seed))
+
+    async def _refuse_import(
+        self, journal: Journal, state: CredentialState, error: OAuthError, pending: PendingImport
+    ) -> KeyturnError:
+        """The imported refresh token was refused: put the record's refresh-token fields back as
+        they were before the import (durably, before the operator is told), keep nothing of it.
+        """
+        before = pending.restore
+        restored = replace(
+            state,
+            refresh=replace(
+                state.refresh,
+                token=before.token,
+                burned=before.burned,
+                refused_at=before.refused_at,
+                in_flight=None,
+            ),
+        )
+        refusal = f"the provider refused the imported refresh token ({error.message})"
+        try:
+            await journal.save(restored)
+        except KeyturnError as failure:
+            # The record still holds it, marked in flight: the next run never presents it.
+            return input_error(
+                KeyturnError(
+                    f"{refusal}, and the record could not be put back ({failure.message}); "
+                    "it is marked as used and never sent again"
+                ),
+                self.credential.name,
+                "refresh_token",
+                like=failure,
+            )
+        return RefreshTokenRefused(
+            f"refresh_token: {refusal}; it was not kept", credential=self.credential.name
+        )
+
+    async def _grant(
+        self,
+        grant_type: GrantType,
+        client_id: str,
+        client_secret: Secret,
+        refresh_token: Secret | None,
+        state: CredentialState,
+    ) -> TokenResponse:
+        try:
+            return await self._timed_request(grant_type, client_id, client_secret, refresh_token)
+        except OAuthError as error:
+            if error.error != "invalid_client":
+                raise
+            fresh_id, fresh_secret = (client_id, client_secret)
+            if state.rotation.key is None:  # the input may have changed at its source since read
+                fresh_id, fresh_secret = await self._inputs.client(fresh=True)
+            if (fresh_id, fresh_secret) == (client_id, client_secret):
+                self._observer(
+                    Suspicious(
+                        self.credential.name,
+                        self.credential.provider,
+                        "client_rejected",
+                        "critical",
+                        "invalid_client: the client secret was revoked or changed outside keyturn",
+                    )
+                )
+                raise
+            return await self._timed_request(grant_type, fresh_id, fresh_secret, refresh_token)
+
+    async def _timed_request(
+        self,
+        grant_type: GrantType,
+        client_id: str,
+        client_secret: Secret,
+        refresh_token: Secret | None,
+    ) -> TokenResponse:
+        started = self._clock.monotonic()
+        outcome = "success"
+        try:
+            return await self._client.request_token(
+                self.credential.name,
+                grant_type=grant_type,
+                client_id=client_id,
+                client_secret=client_secret,
+                refresh_token=refresh_token,
+                scope=self.credential.scope,
+            )
+        except KeyturnError as error:
+            outcome = outcome_label(error)
+            raise
+        finally:
+            self._observer(
+                TokenRequest(
+                    self.credential.name,
+                    self.credential.provider,
+                    grant_type,
+                    outcome,
+                    self._clock.monotonic() - started,
+                )
+            )
+
+    async def _publish(
+        self,
+        access_token: Secret,
+        issued_at: float,
+        expires_at: float,
+        refresh_at: float,
+        state: CredentialState,
+    ) -> int:
+        return await publish_with_cas(
+            self._store,
+            self._observer,
+            path=self.credential.publish_to,
+            data=oauth_published_fields(access_token, issued_at, expires_at, refresh_at),
+            metadata=published_metadata(
+                self.credential.name, expires_at, self._instance, refresh_at=refresh_at
+            ),
+            last_version=state.token.published_version,
+            credential=self.credential.name,
+            provider=self.credential.provider,
+        )

@@ -1,0 +1,352 @@
+"""Journaled rotation of an API key or a client secret: the `rotation` task of a job.
+
+In the spirit of AWS Secrets Manager's createSecret / setSecret / testSecret / finishSecret and
+its pending / current / previous labels. Every arrow is one journal write (check-and-set) in
+keyturn's private state, so each step is idempotent and a crash resumes at the last one:
+
+    idle ──due (max_age) or forced──> creating      intent + rotation_id stored first
+    creating ──rotator.create──────> pending        the new key is stored privately before
+                                                    anything else is done with it; keys a crash
+                                                    left behind (found by name) are revoked
+    pending ──verify (probe)───────> verified       never publish an unverified key; after
+                                                    verify_attempts failures the pending key is
+                                                    revoked and a new one created
+    verified ──publish (CAS)───────> retiring       apps now read the new key; the old one is
+                                                    `previous`, valid for `grace`
+    retiring ──after grace: revoke─> idle
+
+A failure leaves the current key published, is recorded (`rotation_error`) and retried with
+backoff. The manual rotator waits in `creating` until `keyturn import-key` supplies the key.
+What verifying and publishing mean is the credential kind's (a `RotationTarget` from
+`keyturn.kinds`); the rotator (`keyturn.rotators`) creates and revokes keys.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Protocol, assert_never
+
+from keyturn.clock import rfc3339
+from keyturn.config import CredentialConfig
+from keyturn.errors import ConfigError, KeyturnError, RotationError, VerificationFailed
+from keyturn.events import RotationDuration, RotationPlanned, RotationStep
+from keyturn.jobs.job import Checkpoint, JobDeps, Journal, no_checkpoint
+from keyturn.jobs.steps import retry_after
+from keyturn.logs import get_logger
+from keyturn.policy import backoff_delay
+from keyturn.rotators.base import AwaitingManualKey, RotationRequest, Rotator
+from keyturn.secret import Secret
+from keyturn.state import CredentialState, RotationJournal
+
+__all__ = ["CHECKPOINTS", "Checkpoint", "KeyRotation", "RotationTarget", "no_checkpoint"]
+
+# The journal points a rotation passes, in order. After each one is stored, the rotation calls
+# the job's `checkpoint` (credential, point): a no-op in production; the crash tests inject one
+# that stops dead there (keyturn_devkit.harness.paused_daemon), then kill the daemon.
+CHECKPOINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
+
+
+class RotationTarget(Protocol):
+    """The thing being rotated, as its credential kind defines it (`keyturn.kinds`): how a new
+    key is checked, whether apps read it, and what the rotator is told."""
+
+    @property
+    def credential(self) -> CredentialConfig:
+        """Its configuration: name, provider, kind, `rotation` policy (set) and `backoff`."""
+
+    async def verify(self, key: Secret) -> None:
+        """Check a freshly created key against the service; raise VerificationFailed if it is
+        refused."""
+
+    async def publish(
+        self, key: Secret, key_id: str | None, created_at: float, state: CredentialState
+    ) -> int | None:
+        """Make a verified key what apps read, unless keyturn already did before a crash; the
+        published KV version, or None for a key apps never read (a client secret)."""
+
+    async def client_id(self) -> str | None:
+        """The OAuth client whose secret is rotated (told to the rotator), or None."""
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        """An existing key (and its id) to adopt at the first rotation, or None."""
+
+
+class KeyRotation:
+    """Moves one credential's rotation journal forward, one saved step at a time."""
+
+    name = "rotation"
+
+    def __init__(self, target: RotationTarget, rotator: Rotator, deps: JobDeps) -> None:
+        credential = target.credential
+        if credential.rotation is None:
+            raise ConfigError(f"{credential.name}: a rotation needs a rotation policy")
+        self.credential = credential.name
+        self.kind = credential.kind
+        self.provider = credential.provider
+        self.policy = credential.rotation
+        self._backoff = credential.backoff
+        self._target = target
+        self._rotator = rotator
+        self._observer = deps.observer
+        self._clock = deps.clock
+        self._rng = deps.rng
+        self._checkpoint = deps.checkpoint
+        self._log = get_logger("keyturn.rotation")
+
+    # -- Task -----------------------------------------------------------------------------
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        rotation = state.rotation
+        retry = rotation.retry_at or 0.0
+        if rotation.phase == "idle":
+            if force or rotation.key_created_at is None:
+                return now
+            planned = rotation.key_created_at + self.policy.max_age
+            self._observer(RotationPlanned(self.credential, self.provider, self.kind, planned))
+            # Look again at least once per grace period: a `keyturn rotate` beside the daemon
+            # starts a grace period this process did not plan, and the old key must not
+            # outlive it by more than that.
+            return min(planned, now + max(self.policy.grace, 1.0))
+        if rotation.phase == "retiring":
+            return max(rotation.previous_retire_at or now, retry)
+        return max(now, retry) if not force else now
+
+    async def step(self, journal: Journal) -> str:
+        action = "waiting"
+        for attempt in range(len(CHECKPOINTS) + 2):  # bounded: each pass moves one phase
+            rotation, now = journal.state.rotation, self._clock.time()
+            phase = rotation.phase
+            if phase == "idle":
+                if attempt > 0:
+                    return action  # finished in this run; `due` plans the next rotation
+                await self._begin(journal)
+            elif phase == "creating":
+                await self._create(journal)
+            elif phase == "pending":
+                await self._verify_pending(journal)
+            elif phase == "verified":
+                await self._make_current(journal)
+                action = "rotated"
+            elif phase == "retiring":
+                if now < (rotation.previous_retire_at or now):
+                    return action
+                await self._retire(journal)
+                return "rotated"
+            else:  # pragma: no cover - a record with another phase does not decode
+                assert_never(phase)
+        return action
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        failures = state.rotation.failures + 1
+        delay = backoff_delay(failures, self._backoff, self._rng, retry_after(error))
+        if isinstance(error, AwaitingManualKey):
+            delay = self._backoff.maximum  # re-announce, not a hot loop
+        self._step_event(_result_of(error))
+        rotation = replace(
+            state.rotation, failures=failures, error=str(error), retry_at=now + delay
+        )
+        return replace(state, rotation=rotation), failures
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def _begin(self, journal: Journal) -> None:
+        rotation, now = journal.state.rotation, self._clock.time()
+        if rotation.key is None and rotation.key_created_at is None and self.kind == "oauth_client":
+            # The client secret in use came from the inputs; its age is unknown. Count from now.
+            self._stage(journal, replace(rotation, key_created_at=now, id="baseline"))
+            return
+        initial = await self._target.initial_key() if rotation.key is None else None
+        base = replace(
+            rotation,
+            id=uuid.uuid4().hex[:12],
+            started=now,
+            failures=0,
+            verify_failures=0,
+            error=None,
+            retry_at=None,
+        )
+        if initial is not None:  # adopt an existing key: it still goes through verification
+            key, key_id = initial
+            adopted = replace(base, phase="pending", pending_key=key, pending_key_id=key_id)
+            await self._save(journal, adopted)
+            self._step_event("adopted")
+            return
+        await self._save(journal, replace(base, phase="creating"))
+        self._step_event("started")
+        await self._checkpoint(self.credential, "creating")
+
+    async def _create(self, journal: Journal) -> None:
+        request = await self._request(journal.state.rotation)
+        for orphan in await self._rotator.find(request) or []:
+            # Created by this rotation before a crash, never stored: nobody can use it.
+            self._log.warning("rotation.orphan_revoked", credential=self.credential, key_id=orphan)
+            await self._rotator.revoke(request, orphan)
+        new = await self._rotator.create(request)
+        await self._checkpoint(self.credential, "created")
+        created = replace(
+            journal.state.rotation,
+            phase="pending",
+            pending_key=new.value,
+            pending_key_id=new.key_id,
+            error=None,
+        )
+        await self._save(journal, created)
+        self._step_event("created")
+        await self._checkpoint(self.credential, "pending")
+
+    async def _verify_pending(self, journal: Journal) -> None:
+        rotation = journal.state.rotation
+        if rotation.pending_key is None:
+            raise RotationError("journal says pending but holds no key", credential=self.credential)
+        try:
+            await self._target.verify(rotation.pending_key)
+        except VerificationFailed:
+            failures = rotation.verify_failures + 1
+            if failures < self.policy.verify_attempts:
+                self._stage(journal, replace(rotation, verify_failures=failures))
+                raise
+            # This key will not work: revoke it and start over with a new one.
+            if rotation.pending_key_id is not None:
+                await self._rotator.revoke(await self._request(rotation), rotation.pending_key_id)
+            anew = replace(
+                rotation,
+                phase="creating",
+                id=uuid.uuid4().hex[:12],
+                pending_key=None,
+                pending_key_id=None,
+                verify_failures=0,
+            )
+            await self._save(journal, anew)
+            raise
+        self._stage(journal, replace(rotation, phase="verified", verify_failures=0))
+        self._step_event("verified")
+        await self._checkpoint(self.credential, "verified")
+
+    async def _make_current(self, journal: Journal) -> None:
+        state, now = journal.state, self._clock.time()
+        rotation = state.rotation
+        if rotation.pending_key is None:
+            raise RotationError(
+                "journal says verified but holds no key", credential=self.credential
+            )
+        token = state.token
+        published = await self._target.publish(
+            rotation.pending_key, rotation.pending_key_id, now, state
+        )
+        if published is not None:
+            token = replace(token, published_version=published)
+            await self._checkpoint(self.credential, "published")
+        if self.kind == "api_key":  # what apps read is the key: its record is the token's
+            rotate_after = now + self.policy.max_age
+            token = replace(
+                token, phase="ok", last_success=now, issued_at=now, expires_at=rotate_after
+            )
+        had_previous = rotation.key is not None or self.kind == "oauth_client"
+        current = replace(
+            rotation,
+            key=rotation.pending_key,
+            key_id=rotation.pending_key_id,
+            key_created_at=now,
+            pending_key=None,
+            pending_key_id=None,
+            previous_key_id=rotation.key_id,
+            previous_retire_at=now + self.policy.grace if had_previous else None,
+            phase="retiring" if had_previous else "idle",
+            failures=0,
+            error=None,
+            retry_at=None,
+        )
+        await journal.save(replace(state, token=token, rotation=current))
+        self._step_event("published")
+        if rotation.started is not None:
+            self._observer(RotationDuration(self.provider, self.kind, now - rotation.started))
+        self._observer(
+            RotationPlanned(self.credential, self.provider, self.kind, now + self.policy.max_age)
+        )
+        await self._checkpoint(self.credential, "retiring")
+
+    async def _retire(self, journal: Journal) -> None:
+        rotation = journal.state.rotation
+        if rotation.previous_key_id is not None:
+            await self._rotator.revoke(await self._request(rotation), rotation.previous_key_id)
+        else:
+            self._log.warning(
+                "rotation.previous_without_id",
+                credential=self.credential,
+                detail="the previous key has no id: revoke it by hand if the provider keeps it",
+            )
+        await self._checkpoint(self.credential, "revoked")
+        retired = replace(
+            rotation,
+            phase="idle",
+            previous_key_id=None,
+            previous_retire_at=None,
+            failures=0,
+            error=None,
+            retry_at=None,
+        )
+        await self._save(journal, retired)
+        self._step_event("retired")
+
+    # -- manual keys ----------------------------------------------------------------------
+
+    def accept_key(self, journal: Journal, key: Secret, key_id: str | None) -> None:
+        """`keyturn import-key`: take a key a person created; the rotation goes on from
+        verification. Refused while another key is pending or the previous one is in grace."""
+        rotation = journal.state.rotation
+        if rotation.phase in ("pending", "verified"):
+            raise RotationError(
+                f"a rotation is already at {rotation.phase}; see `keyturn status`",
+                credential=self.credential,
+            )
+        if rotation.phase == "retiring":
+            until = rfc3339(rotation.previous_retire_at or self._clock.time())
+            raise RotationError(
+                f"the previous key is in its grace period until {until}; import after that",
+                credential=self.credential,
+            )
+        imported = replace(
+            rotation,
+            phase="pending",
+            id=rotation.id if rotation.phase == "creating" else uuid.uuid4().hex[:12],
+            started=rotation.started or self._clock.time(),
+            pending_key=key,
+            pending_key_id=key_id,
+            verify_failures=0,
+            retry_at=None,
+        )
+        self._stage(journal, imported)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _save(self, journal: Journal, rotation: RotationJournal) -> None:
+        """Store the journal as `rotation` now (a durability point)."""
+        await journal.save(replace(journal.state, rotation=rotation))
+
+    def _stage(self, journal: Journal, rotation: RotationJournal) -> None:
+        """Keep the journal as `rotation` for the write that ends the run."""
+        journal.stage(replace(journal.state, rotation=rotation))
+
+    def _step_event(self, result: str) -> None:
+        self._observer(RotationStep(self.credential, self.provider, self.kind, result))
+
+    async def _request(self, rotation: RotationJournal) -> RotationRequest:
+        rotation_id = rotation.id or "none"
+        return RotationRequest(
+            credential=self.credential,
+            kind=self.kind,
+            rotation_id=rotation_id,
+            key_name=f"keyturn-{self.credential}-{rotation_id}",
+            client_id=await self._target.client_id(),
+        )
+
+
+def _result_of(error: KeyturnError) -> str:
+    if isinstance(error, AwaitingManualKey):
+        return "awaiting_manual"
+    if isinstance(error, VerificationFailed):
+        return "verification_failed"
+    return "failed"

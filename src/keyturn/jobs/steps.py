@@ -1,0 +1,129 @@
+"""Steps more than one task takes: publishing with check-and-set, verifying a new credential
+with the probe, reading a server's Retry-After, labelling a failed token request, and naming the
+input an error came from. A task module imports these from here, never from another task.
+"""
+
+from __future__ import annotations
+
+from keyturn.errors import (
+    KeyturnError,
+    MalformedResponse,
+    OAuthError,
+    ProviderUnavailable,
+    RateLimited,
+    SecretReferenceError,
+    VaultCasConflict,
+    VaultError,
+    VerificationFailed,
+)
+from keyturn.events import Observer, Probed, Suspicious
+from keyturn.providers.client import ProviderClient
+from keyturn.providers.tokens import error_label
+from keyturn.secret import Secret
+from keyturn.vault.store import KvStore
+
+
+async def publish_with_cas(
+    store: KvStore,
+    observer: Observer,
+    *,
+    path: str,
+    data: dict[str, str | Secret],
+    metadata: dict[str, str],
+    last_version: int | None,
+    credential: str,
+    provider: str,
+    report: bool = True,
+) -> int:
+    """Write what apps read, on top of the version keyturn last wrote.
+
+    A CAS conflict means someone else wrote the path: it is reported, and keyturn publishes
+    anew on top of the current version so apps get a working credential again. (A crash
+    between publishing and recording it looks the same, and is reported too: KV metadata cannot
+    prove who wrote a version.)
+    """
+    try:
+        return await store.write(path, data, cas=last_version or 0, custom_metadata=metadata)
+    except VaultCasConflict:
+        current = await store.read_metadata(path, consistent=True)
+        seen = current.current_version if current else 0
+        if last_version is not None and report:
+            observer(
+                Suspicious(
+                    credential,
+                    provider,
+                    "published_secret_changed",
+                    "warning",
+                    f"published path was at version {seen}, keyturn last wrote {last_version}",
+                )
+            )
+        return await store.write(path, data, cas=seen, custom_metadata=metadata)
+
+
+async def verify_with_probe(
+    client: ProviderClient,
+    observer: Observer,
+    *,
+    credential: str,
+    provider: str,
+    probe: str,
+    authorization: Secret,
+    what: str,
+) -> None:
+    """Call `probe` with a credential issued just now; only a 2xx lets it be published."""
+    status = await client.probe(credential, probe, authorization)
+    observer(Probed(credential, provider, status))
+    if status in (401, 403):
+        observer(
+            Suspicious(
+                credential,
+                provider,
+                "fresh_credential_rejected",
+                "critical",
+                f"a {what} issued just now was rejected with {status} on {probe}",
+            )
+        )
+        raise VerificationFailed(
+            f"new {what} rejected by probe {probe} (HTTP {status}); nothing published",
+            credential=credential,
+            status=status,
+        )
+    if not 200 <= status < 300:
+        raise VerificationFailed(
+            f"probe {probe} answered HTTP {status}; nothing published",
+            credential=credential,
+            status=status,
+        )
+
+
+def retry_after(error: KeyturnError) -> float | None:
+    """A server's Retry-After carried by a 429 or a 5xx, if any."""
+    if isinstance(error, (RateLimited, ProviderUnavailable)):
+        return error.retry_after
+    return None
+
+
+def outcome_label(error: BaseException) -> str:
+    """The `outcome` label for a failed token request (bounded set)."""
+    if isinstance(error, OAuthError):
+        return error_label(error.error)
+    if isinstance(error, RateLimited):
+        return "rate_limited"
+    if isinstance(error, ProviderUnavailable):
+        return "http_5xx" if error.status else "network"
+    if isinstance(error, MalformedResponse):
+        return "malformed"
+    return "error"
+
+
+def input_error(
+    error: KeyturnError, credential: str, field: str, *, like: KeyturnError | None = None
+) -> KeyturnError:
+    """`error` (e.g. from resolving an input) with the credential and the field named. A Vault
+    error (`error`, or `like` when given) keeps its type, so a Vault outage is still retried as
+    one when Vault is back."""
+    message = f"{field}: {error.message}"
+    kind = like if like is not None else error
+    if isinstance(kind, VaultError):
+        return type(kind)(message, credential=credential)
+    return SecretReferenceError(message, credential=credential)

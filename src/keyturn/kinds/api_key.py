@@ -1,0 +1,140 @@
+"""`api_key`: a key the service takes as a bearer credential, rotated by a rotator.
+
+The job has one scheduled task, rotation, and `republish` (forced only, after someone else
+changed what apps read). A new key is verified by calling `probe` with it, then published:
+`api_key`, `key_id`, `created_at`, `rotate_after`, `authorization`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from keyturn.config import CredentialConfig
+from keyturn.errors import ConfigError, KeyturnError
+from keyturn.events import Published
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
+from keyturn.jobs.rotation import KeyRotation
+from keyturn.jobs.steps import publish_with_cas, verify_with_probe
+from keyturn.layout import api_key_published_fields, published_metadata
+from keyturn.providers.client import ProviderClient
+from keyturn.rotators.base import Rotator
+from keyturn.secret import Secret
+from keyturn.state import CredentialState
+
+KIND = "api_key"
+
+
+class ApiKeyTarget:
+    """The `RotationTarget` of an API key: verified with the probe, published where apps read."""
+
+    def __init__(
+        self, credential: CredentialConfig, client: ProviderClient, inputs: Inputs, deps: JobDeps
+    ) -> None:
+        if credential.rotation is None or credential.probe is None:
+            raise ConfigError(
+                f"credentials[{credential.name!r}]: an api_key needs probe and rotation"
+            )
+        self.credential = credential
+        self._max_age = credential.rotation.max_age
+        self._probe = credential.probe
+        self._client = client
+        self._inputs = inputs
+        self._deps = deps
+
+    async def verify(self, key: Secret) -> None:
+        await verify_with_probe(
+            self._client,
+            self._deps.observer,
+            credential=self.credential.name,
+            provider=self.credential.provider,
+            probe=self._probe,
+            authorization=Secret(f"Bearer {key.reveal()}"),
+            what="API key",
+        )
+
+    async def publish(
+        self, key: Secret, key_id: str | None, created_at: float, state: CredentialState
+    ) -> int:
+        entry = await self._deps.store.read(self.credential.publish_to, consistent=True)
+        if entry is not None and key_id is not None and entry.data.get("key_id") == key_id:
+            return entry.version  # keyturn's own write, before a crash
+        return await self.write(key, key_id, created_at, state)
+
+    async def write(
+        self,
+        key: Secret,
+        key_id: str | None,
+        created_at: float,
+        state: CredentialState,
+        *,
+        report: bool = True,
+    ) -> int:
+        """Publish `key` on top of the version keyturn last wrote (`report=False`: a conflict
+        is not reported again; the watcher already did)."""
+        name, provider = self.credential.name, self.credential.provider
+        rotate_after = created_at + self._max_age
+        version = await publish_with_cas(
+            self._deps.store,
+            self._deps.observer,
+            path=self.credential.publish_to,
+            data=api_key_published_fields(key, key_id, created_at, rotate_after),
+            metadata=published_metadata(name, rotate_after, self._deps.instance_id),
+            last_version=state.token.published_version,
+            credential=name,
+            provider=provider,
+            report=report,
+        )
+        self._deps.observer(Published(name, provider, KIND, created_at, rotate_after))
+        return version
+
+    async def client_id(self) -> str | None:
+        return None
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return await self._inputs.initial_key()
+
+
+class RepublishKey:
+    """The `republish` task (forced only): put the current key back where apps read it, after
+    someone else changed or deleted it (the watcher already reported that)."""
+
+    name = "republish"
+
+    def __init__(self, target: ApiKeyTarget) -> None:
+        self._target = target
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        return now if force and state.rotation.key is not None else math.inf
+
+    async def step(self, journal: Journal) -> str:
+        state = journal.state
+        current = state.rotation
+        if current.key is None or current.key_created_at is None:
+            return "waiting"
+        version = await self._target.write(
+            current.key, current.key_id, current.key_created_at, state, report=False
+        )
+        journal.stage(replace(state, token=replace(state.token, published_version=version)))
+        return "republished"
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        rotation = replace(state.rotation, error=str(error))
+        return replace(state, rotation=rotation), state.rotation.failures + 1
+
+
+def job(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    rotator: Rotator | None,
+    inputs: Inputs,
+    deps: JobDeps,
+) -> CredentialJob:
+    if rotator is None:
+        raise ConfigError(f"credentials[{credential.name!r}]: an api_key needs a rotator")
+    target = ApiKeyTarget(credential, client, inputs, deps)
+    return CredentialJob(
+        credential, [KeyRotation(target, rotator, deps), RepublishKey(target)], deps
+    )
