@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("keyturn.commands.run", "the daemon: keep every credential fresh in Vault"),
     "check": ("keyturn.commands.check", "validate the config, references, Vault access, providers"),
     "status": ("keyturn.commands.status", "one row per credential, read from Vault"),
+    "usage": (
+        "keyturn.commands.usage",
+        "who reads each credential (from the running daemon, with [usage])",
+    ),
     "refresh": ("keyturn.commands.refresh", "refresh one credential now (safe beside the daemon)"),
     "rotate": (
         "keyturn.commands.rotate",

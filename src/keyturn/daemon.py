@@ -6,7 +6,9 @@ starts the scheduler and its housekeeping jobs, and hands the started `Daemon` t
 credentials start, removed ones stop (their Vault data stays), changed ones run again at once;
 a file that does not load, or that changes what needs a restart ([keyturn], [vault],
 [metrics]), is refused with one log line and the running configuration stays in force.
-([[alerts]] changes need a restart too.)
+([[alerts]] and [usage] changes need a restart too.) With `[usage]`, the usage monitor reads
+Vault's audit log beside the scheduler (`keyturn.usage.service`): its metrics are on /metrics,
+its view on /usage, and rotations ask it who still reads an old key.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import asyncio
 import contextlib
 import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -27,7 +30,7 @@ from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
-from keyturn.events import LoggingObserver, Observers, Suspicious
+from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
 from keyturn.jobs.job import Checkpoint, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
@@ -38,15 +41,19 @@ from keyturn.observability import (
     PrometheusObserver,
     readiness_check,
 )
+from keyturn.observability.server import UsageView
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Context, Runtime, running, vault_store
 from keyturn.scheduler import CredentialScheduler
 from keyturn.sinks import SinkManager
 from keyturn.state import CredentialState
+from keyturn.usage.audit import Identity
+from keyturn.usage.service import UsageService
+from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.renewal import expiring_margin
 from keyturn.watch import PublishedWatcher, WatchTarget
 
-RESTART_SECTIONS = ("keyturn", "vault", "metrics", "alerts")
+RESTART_SECTIONS = ("keyturn", "vault", "metrics", "alerts", "usage")
 
 log = get_logger("keyturn.daemon")
 
@@ -148,6 +155,7 @@ class Daemon:
     sinks: SinkManager
     server: MetricsServer
     notifier: SystemdNotifier
+    usage: UsageService | None = None  # with [usage]: who reads the published credentials
 
     async def serve(
         self, stop: asyncio.Event, reload_requests: asyncio.Queue[None] | None = None
@@ -193,6 +201,8 @@ class Daemon:
         summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
         log.info("config.reloaded", **summary)
         self.sinks.configure(new)
+        if self.usage is not None:
+            self.usage.use_config(new)
         self.metrics.credentials_configured(len(jobs.jobs))
         for name in summary["removed"]:
             self.metrics.forget(name)
@@ -214,7 +224,8 @@ async def open_daemon(
     alerts and /metrics; on exit let in-flight runs finish and stop everything.
 
     Each part is built before what holds it: the metrics, sinks and alert dispatcher over the
-    store, the observers over those, the jobs over the observers, the scheduler over the jobs.
+    store, the observers over those, the usage monitor (with `[usage]`) over the observers, the
+    jobs over both, the scheduler over the jobs.
     `notifier` tells systemd (Type=notify) about start, reloads, stop and liveness; without
     one, nobody. `checkpoint` is called at each journal point of a rotation (the crash tests
     stop there)."""
@@ -243,73 +254,82 @@ async def open_daemon(
             rng=rng,
             on_delivery=metrics.alert_delivery,
         )
-        context = Context(
-            store=store,
-            observers=Observers(
-                LoggingObserver(), metrics, sinks.observer(), AlertingObserver(dispatcher)
-            ),
-            clock=clock,
-            rng=rng,
-            environ=environ,
-            checkpoint=checkpoint,
+        observers = Observers(
+            LoggingObserver(), metrics, sinks.observer(), AlertingObserver(dispatcher)
         )
-        async with running(config, context) as runtime:
-            metrics.credentials_configured(len(runtime.jobs))
-            scheduler = CredentialScheduler(
-                runtime.jobs.values(),
+        # Reading Vault's audit log (with [usage]) before the jobs run: a rotation may ask it
+        # at once; stopped after everything else, the scheduler's drain included.
+        async with usage_monitor(config, store, observers, clock, registry) as usage:
+            context = Context(
+                store=store,
+                observers=observers,
                 clock=clock,
-                max_concurrency=config.keyturn.max_concurrency,
-                on_lateness=metrics.lateness,
+                rng=rng,
+                environ=environ,
+                checkpoint=checkpoint,
+                consumers=usage.hooks() if usage is not None else None,
             )
-            scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
-            scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
-            if config.keyturn.watch_interval > 0:
-                scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
-            watchdog = systemd_watchdog(notifier)
-            if watchdog is not None:
-                scheduler.add_periodic("watchdog", watchdog)
-            server = MetricsServer(
-                config.metrics,
-                registry,
-                alive=HeartbeatLiveness(
-                    lambda: metrics.last_heartbeat_monotonic, clock=clock, max_age=LIVENESS_MAX_AGE
-                ),
-                ready=readiness_check(vault=store.health, jobs=scheduler, clock=clock),
-            )
-            daemon = Daemon(runtime, scheduler, metrics, sinks, server, notifier)
-            await dispatcher.start()
-            await server.start()
-            loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
-            if isinstance(clock, SystemClock):
-                guard = WallClockGuard(
-                    clock,
-                    reference=lambda: vault_server_time(config),
-                    on_jump=lambda _step: scheduler.replan(),
+            async with running(config, context) as runtime:
+                metrics.credentials_configured(len(runtime.jobs))
+                scheduler = CredentialScheduler(
+                    runtime.jobs.values(),
+                    clock=clock,
+                    max_concurrency=config.keyturn.max_concurrency,
+                    on_lateness=metrics.lateness,
                 )
-                loops.append((CLOCK_CHECK_SECONDS, guard.check))
-            try:
-                metrics.heartbeat()
-                sinks.start()
-                scheduler.start()
-                log.info(
-                    "daemon.started",
-                    instance=config.keyturn.instance_id,
-                    credentials=len(runtime.jobs),
-                    metrics=server.url,
+                scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
+                scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
+                if config.keyturn.watch_interval > 0:
+                    scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
+                watchdog = systemd_watchdog(notifier)
+                if watchdog is not None:
+                    scheduler.add_periodic("watchdog", watchdog)
+                server = MetricsServer(
+                    config.metrics,
+                    registry,
+                    alive=HeartbeatLiveness(
+                        lambda: metrics.last_heartbeat_monotonic,
+                        clock=clock,
+                        max_age=LIVENESS_MAX_AGE,
+                    ),
+                    ready=readiness_check(vault=store.health, jobs=scheduler, clock=clock),
+                    usage=usage_view(usage) if usage is not None else None,
+                    exposition=metrics.exposition,
                 )
-                notifier.ready(status=_status(runtime))
-                async with background(*loops):
-                    yield daemon
-                notifier.stopping(status="stopping: letting in-flight runs finish")
-                log.info("daemon.stopping")
-                drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
-                log.info("daemon.stopped", drained=drained)
-            finally:
-                # After the drain, so a value the last runs published still reaches its files.
-                await sinks.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
-                await server.stop()
-                # After the scheduler's drain, so alerts from the last runs still go out.
-                await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+                daemon = Daemon(runtime, scheduler, metrics, sinks, server, notifier, usage)
+                await dispatcher.start()
+                await server.start()
+                loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
+                if isinstance(clock, SystemClock):
+                    guard = WallClockGuard(
+                        clock,
+                        reference=lambda: vault_server_time(config),
+                        on_jump=lambda _step: scheduler.replan(),
+                    )
+                    loops.append((CLOCK_CHECK_SECONDS, guard.check))
+                try:
+                    metrics.heartbeat()
+                    sinks.start()
+                    scheduler.start()
+                    log.info(
+                        "daemon.started",
+                        instance=config.keyturn.instance_id,
+                        credentials=len(runtime.jobs),
+                        metrics=server.url,
+                    )
+                    notifier.ready(status=_status(runtime))
+                    async with background(*loops):
+                        yield daemon
+                    notifier.stopping(status="stopping: letting in-flight runs finish")
+                    log.info("daemon.stopping")
+                    drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
+                    log.info("daemon.stopped", drained=drained)
+                finally:
+                    # After the drain, so a value the last runs published still reaches its files.
+                    await sinks.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+                    await server.stop()
+                    # After the scheduler's drain, so alerts from the last runs still go out.
+                    await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
 
 
 async def run_daemon(
@@ -333,6 +353,39 @@ async def run_daemon(
             started.set()
         await daemon.serve(stop, reload_requests)
     return 0
+
+
+@contextlib.asynccontextmanager
+async def usage_monitor(
+    config: Config,
+    store: VaultStore,
+    observer: Observer,
+    clock: Clock,
+    registry: CollectorRegistry,
+) -> AsyncIterator[UsageService | None]:
+    """The usage monitor of a configuration with `[usage]` (None without), reading and on
+    /metrics until exit. keyturn's own identity in Vault's audit log is its token's, from
+    `auth/token/lookup-self`."""
+    if config.usage is None:
+        yield None
+        return
+    own = Identity.from_lookup(await store.lookup_self())
+    log.info("usage.identity", consumers=sorted(own.labels), source=config.usage.source)
+    usage = UsageService(config, own=own, observer=observer, clock=clock)
+    registry.register(usage.collector)
+    await usage.start()
+    try:
+        yield usage
+    finally:
+        await usage.stop()
+        registry.unregister(usage.collector)
+
+
+def usage_view(usage: UsageService) -> UsageView:
+    def view(names: Sequence[str] | None, summary: bool) -> dict[str, Any]:
+        return usage.view(names, summary=summary)
+
+    return view
 
 
 def heartbeat(runtime: Runtime, metrics: PrometheusObserver) -> Callable[[], Awaitable[float]]:

@@ -15,7 +15,7 @@ from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config
 from keyturn.events import LoggingObserver, Observer, Observers
 from keyturn.jobs.build import JobSet, build_jobs, lease_seconds
-from keyturn.jobs.job import Checkpoint, CredentialJob, JobDeps, no_checkpoint
+from keyturn.jobs.job import Checkpoint, ConsumerHooks, CredentialJob, JobDeps, no_checkpoint
 from keyturn.jobs.rotation import KeyRotation
 from keyturn.references import ReferenceResolver
 from keyturn.vault.client import OnOperation
@@ -35,6 +35,7 @@ class Context:
     instance_id: str | None = None  # None: the configuration's `instance_id`
     # Called at each journal point of a rotation (a no-op; crash tests inject one that stops).
     checkpoint: Checkpoint = no_checkpoint
+    consumers: ConsumerHooks | None = None  # the usage monitor, in a daemon with [usage]
 
     @property
     def resolver(self) -> ReferenceResolver:
@@ -52,6 +53,7 @@ class Context:
             state_prefix=config.keyturn.state_prefix,
             lease_seconds=lease_seconds(config.providers),
             checkpoint=self.checkpoint,
+            consumers=self.consumers,
         )
 
     async def build_jobs(self, config: Config) -> JobSet:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import re
 import secrets
@@ -111,6 +112,13 @@ class RotationJournal:
     pending_key_id: str | None = None
     previous_key_id: str | None = None
     previous_retire_at: float | None = None
+    # The KV version that published the previous key: the consumers still reading it (or an
+    # older one) are the ones `rotation.wait_for_consumers` waits for.
+    previous_version: int | None = None
+    # While the previous key outlives its grace because consumers still read it: their names
+    # (`keyturn status` shows them), and why keyturn cannot rule out others, if it cannot.
+    waiting_consumers: tuple[str, ...] | None = None
+    waiting_reason: str | None = None
     failures: int = 0
     verify_failures: int = 0
     error: str | None = None
@@ -218,6 +226,20 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _encode_names(names: tuple[str, ...]) -> str:
+    return json.dumps(list(names), ensure_ascii=False)
+
+
+def _decode_names(raw: str) -> tuple[str, ...]:
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError("is not a JSON array of names")
+    return tuple(names)
+
+
 # Times are epoch seconds written with repr (exact, so a resumed job plans exactly what was
 # planned). An empty secret reads as none.
 TIME: Codec[float] = Codec(encode=lambda value: repr(float(value)), decode=_decode_time)
@@ -225,6 +247,7 @@ COUNT: Codec[int] = Codec(encode=str, decode=_decode_count)
 SECRET: Codec[Secret] = Codec(encode=lambda value: value, decode=_decode_secret)
 TEXT: Codec[str] = Codec(encode=_text, decode=_text)
 FINGERPRINT: Codec[str] = Codec(encode=_text, decode=_decode_fingerprint)
+NAMES: Codec[tuple[str, ...]] = Codec(encode=_encode_names, decode=_decode_names)
 PHASE: Codec[Phase] = _phase(PHASES)
 ROTATION_PHASE: Codec[RotationPhase] = _phase(ROTATION_PHASES)
 
@@ -272,6 +295,9 @@ FIELDS: tuple[StoredField, ...] = (
     StoredField("pending_key_id", "rotation", "pending_key_id", TEXT),
     StoredField("previous_key_id", "rotation", "previous_key_id", TEXT),
     StoredField("previous_retire_at", "rotation", "previous_retire_at", TIME),
+    StoredField("previous_version", "rotation", "previous_version", COUNT),
+    StoredField("waiting_consumers", "rotation", "waiting_consumers", NAMES),
+    StoredField("waiting_reason", "rotation", "waiting_reason", TEXT),
     StoredField("rotation_failures", "rotation", "failures", COUNT),
     StoredField("verify_failures", "rotation", "verify_failures", COUNT),
     StoredField("rotation_error", "rotation", "error", TEXT),

@@ -1,6 +1,6 @@
 """Promise 3: a SIGKILL at any step of a key rotation resumes without a lost or orphaned key.
 
-For every point of the rotation state machine (`keyturn.rotation.CHECKPOINTS`) the test runs
+For every point of the rotation state machine (`keyturn.jobs.rotation.CHECKPOINTS`) the test runs
 a real `keyturn run` against a real OpenBao and the sandbox, rotating an API key with the http
 rotator of docs/configuration.md's worked example:
 

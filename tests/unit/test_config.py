@@ -28,7 +28,7 @@ from keyturn.config import (
     parse_config,
 )
 from keyturn.config.keys import tag_of
-from keyturn.config.schema import AlertHook
+from keyturn.config.schema import AlertHookVariant
 from keyturn.errors import ConfigError
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
@@ -434,8 +434,8 @@ BAD_OVERRIDES = [
         {"KEYTURN_CREDENTIALS_REPORTING_COLOUR": "blue"},
         "k.toml: environment KEYTURN_CREDENTIALS_REPORTING_COLOUR: not a key of "
         'credentials["reporting"]; expected KEYTURN_CREDENTIALS_REPORTING_<KEY> with <KEY> one '
-        "of: BACKOFF_INITIAL, BACKOFF_MAX, BACKOFF_MULTIPLIER, CLIENT_ID, CLIENT_SECRET, KIND, "
-        "PROBE, PROVIDER, PUBLISH_TO, REFRESH_AT, REFRESH_JITTER, REFRESH_MARGIN, "
+        "of: BACKOFF_INITIAL, BACKOFF_MAX, BACKOFF_MULTIPLIER, CLIENT_ID, CLIENT_SECRET, "
+        "CONSUMERS, KIND, PROBE, PROVIDER, PUBLISH_TO, REFRESH_AT, REFRESH_JITTER, REFRESH_MARGIN, "
         "REFRESH_MIN_INTERVAL, REFRESH_TOKEN, SCOPE",
     ),
     (
@@ -607,7 +607,7 @@ def test_objects_the_code_makes_are_taken_as_they_are() -> None:
 
 def test_each_literal_is_the_tags_of_its_union() -> None:
     unions = [(AuthMethod, VaultAuth, "method"), (RotatorType, RotatorConfig, "type")]
-    unions.append((AlertHookType, AlertHook, "type"))
+    unions.append((AlertHookType, AlertHookVariant, "type"))
     for literal, union, discriminator in unions:
         tags = tuple(tag_of(member, discriminator) for member in get_args(union))
         assert tags == get_args(literal)

@@ -10,7 +10,7 @@ import pytest
 
 from keyturn.config import AlertHookConfig, load_config, parse_config
 from keyturn.config.keys import keys, tables
-from keyturn.config.schema import WebhookHook
+from keyturn.config.schema import WebhookHookConfig
 from keyturn.errors import ConfigError
 from keyturn.references import SecretRef
 
@@ -90,7 +90,7 @@ def test_every_hook_type_loads_with_its_defaults() -> None:
     hooks = load(HOOKS)
     assert list(hooks) == ["generic", "chat", "oncall", "am"]
     assert all(isinstance(hook, AlertHookConfig) for hook in hooks.values())
-    assert hooks["generic"] == WebhookHook(
+    assert hooks["generic"] == WebhookHookConfig(
         name="generic",
         type="webhook",
         url=SecretRef.inline("https://hooks.example.com/keyturn"),

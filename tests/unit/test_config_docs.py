@@ -47,6 +47,7 @@ def test_the_schema_has_every_table_of_the_file() -> None:
         "alerts[][type=slack]",
         "alerts[][type=pagerduty]",
         "alerts[][type=alertmanager]",
+        "usage",
     }
 
 

@@ -1,7 +1,8 @@
 """docs/metrics.md is the contract: what the registry exposes must be exactly its tables.
 
 The tables are parsed from the document, the observer is driven through one event of every
-kind so every family has a sample, and names, types, label sets and help texts are compared.
+kind (and the usage collector given one read) so every family has a sample, and names, types,
+label sets and help texts are compared.
 The rendered exposition is also checked against Prometheus' naming rules (the ones
 `promtool check metrics` lints), and by promtool itself where it is installed.
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,11 @@ from keyturn.events import (
     TokenRequest,
 )
 from keyturn.observability import PrometheusObserver
-from keyturn.observability.catalog import DETECTORS
+from keyturn.observability.catalog import DETECTORS, USAGE
+from keyturn.usage.audit import AuditRead
+from keyturn.usage.layout import Layout, Watched
+from keyturn.usage.metrics import UsageCollector
+from keyturn.usage.tracker import UsageTracker
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
@@ -79,7 +85,30 @@ def doc_rows() -> dict[str, Row]:
     for name, kind, meaning in tables["Process"]:
         labels = frozenset(_names(meaning)) if meaning.startswith("labels ") else frozenset()
         rows[name.strip("`")] = Row(name.strip("`"), kind.split()[0], labels, meaning)
+    for name, kind, labels, meaning in tables["Usage (with `[usage]`)"]:
+        rows[name.strip("`")] = Row(name.strip("`"), kind, frozenset(_names(labels)), meaning)
     return rows
+
+
+@dataclass
+class Source:
+    """What the usage collector reads of an audit source."""
+
+    up: bool = True
+    skipped: Counter[str] = field(default_factory=lambda: Counter({"not_json": 1}))
+
+
+def with_usage(registry: CollectorRegistry, clock: FakeClock, *, reads: bool) -> None:
+    """The daemon's usage collector (with `[usage]`), after one read if `reads`."""
+    tracker = UsageTracker(Layout([Watched("reporting", "acme", "apps/reporting")]), clock=clock)
+    if reads:
+        tracker.observe(
+            AuditRead(
+                clock.time(), "published", "reporting", "secret", "apps/reporting",
+                "approle/reporting", "", "10.0.0.1", 1, True,
+            )
+        )  # fmt: skip
+    registry.register(UsageCollector(tracker, lambda: [Source()] if reads else []))
 
 
 def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
@@ -102,6 +131,7 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     observer.vault_token(clock.time() + 3600, authenticated=True)
     observer.heartbeat()
     observer.credentials_configured(1)
+    with_usage(registry, clock, reads=True)
     return registry, observer
 
 
@@ -116,7 +146,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_document_has_all_its_tables() -> None:
     rows = doc_rows()
-    assert len(rows) == 23
+    assert len(rows) == 28
     assert rows["keyturn_credential_ready"].labels == {"credential", "provider", "kind"}
     assert rows["keyturn_build_info"].labels == {"version", "python"}
     assert rows["keyturn_schedule_lateness_seconds"].labels == frozenset()
@@ -134,10 +164,18 @@ def test_every_family_is_exposed_before_any_event() -> None:
     """A fresh registry already shows every name, type and help (samples come later)."""
     registry = CollectorRegistry()
     PrometheusObserver(registry, FakeClock())
+    with_usage(registry, FakeClock(), reads=False)
     fresh = exposed(registry)
     assert sorted(fresh) == sorted(doc_rows())
     for name, row in doc_rows().items():
         assert (fresh[name].type, fresh[name].help) == (row.type, row.help), name
+
+
+def test_the_usage_metrics_are_the_catalogs() -> None:
+    documented = doc_rows()
+    for spec in USAGE:
+        row = documented[spec.name]
+        assert (row.type, row.labels, row.help) == (spec.type, set(spec.labels), spec.help)
 
 
 def test_the_detector_words_are_the_documented_ones() -> None:
@@ -173,7 +211,7 @@ def test_naming_rules(family: tuple[str, str, str, set[str]]) -> None:
         assert word not in name.split("_"), "no type name in the metric name"
     assert not name.endswith(UNIT_ABBREVIATIONS), "units are spelled out"
     assert not any(unit in name for unit in NON_BASE_UNITS), "base units (seconds)"
-    if any(word in name for word in TIME_WORDS):
+    if any(word in name.split("_") for word in TIME_WORDS):  # ("usage" is not an age)
         assert name.endswith(("_seconds", "_seconds_total")), "times are in seconds"
     if "timestamp" in name:
         assert name.endswith("_timestamp_seconds")

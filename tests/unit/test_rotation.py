@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -14,8 +14,8 @@ from keyturn.config import CredentialConfig, ProviderConfig, RotationPolicy
 from keyturn.errors import ProviderUnavailable, RotationError, VaultUnavailable
 from keyturn.events import RotationStep, Suspicious
 from keyturn.jobs.build import build_job
-from keyturn.jobs.job import CredentialJob, JobDeps, Journal
-from keyturn.jobs.rotation import KeyRotation
+from keyturn.jobs.job import ConsumerHooks, ConsumersOnOld, CredentialJob, JobDeps, Journal
+from keyturn.jobs.rotation import CONSUMERS_NOT_MOVED, NO_MONITOR, KeyRotation
 from keyturn.policy import BackoffPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import AwaitingManualKey, NewKey, RotationRequest
@@ -53,7 +53,13 @@ class World:
         self.provider = FakeKeyProvider()
         self.observer = RecordingObserver()
 
-    def job(self, rotator=None, initial=None) -> CredentialJob:
+    def job(
+        self,
+        rotator=None,
+        initial=None,
+        policy: RotationPolicy | None = None,
+        consumers: ConsumerHooks | None = None,
+    ) -> CredentialJob:
         client = ProviderClient(
             ProviderConfig(name="acme", base_url="https://acme.test"),
             clock=self.clock,
@@ -67,7 +73,8 @@ class World:
             client_secret=None,
             publish_to=PUBLISHED,
             probe="/v1/users",
-            rotation=RotationPolicy(max_age=30 * DAY, rotator="fake", grace=DAY, verify_attempts=3),
+            rotation=policy
+            or RotationPolicy(max_age=30 * DAY, rotator="fake", grace=DAY, verify_attempts=3),
             backoff=BackoffPolicy(initial=5.0, maximum=300.0),
         )
         deps = JobDeps(
@@ -77,6 +84,7 @@ class World:
             rng=random.Random(2),
             instance_id="i-1",
             state_prefix="keyturn/state",
+            consumers=consumers,
         )
         return build_job(credential, client, rotator or self.provider, Inputs(initial), deps)
 
@@ -349,3 +357,154 @@ async def test_no_secret_in_rotation_events_or_errors(world: World) -> None:
     text = repr(world.observer.events) + str(outcome.error) + repr(outcome)
     for key in world.provider.keys.values():
         assert key.value not in text
+
+
+# -- rotation.wait_for_consumers -----------------------------------------------------------------
+
+WAITING = RotationPolicy(
+    max_age=30 * DAY,
+    rotator="fake",
+    grace=DAY,
+    verify_attempts=3,
+    wait_for_consumers=True,
+    consumer_window=2 * DAY,
+    max_grace=3 * DAY,
+)
+
+
+@dataclass
+class FakeConsumers:
+    """The usage monitor as a rotation sees it: who still reads the old key (`names`, and
+    `unsure` when it cannot tell), what it was asked, and the versions it was told."""
+
+    names: tuple[str, ...] = ()
+    unsure: str | None = None
+    asked: list[tuple[str, int, float, float]] = field(default_factory=list)
+    published: dict[str, int] = field(default_factory=dict)
+
+    def waiting_for(self, credential: str, old: int, window: float, now: float) -> ConsumersOnOld:
+        self.asked.append((credential, old, window, now))
+        return ConsumersOnOld(self.names, self.unsure)
+
+    def hooks(self) -> ConsumerHooks:
+        return ConsumerHooks(self.waiting_for, self.published.__setitem__)
+
+
+async def rotated_once(world: World, job: CredentialJob) -> tuple[str, float]:
+    """The first key published (version 1), then a rotation (version 2): the old key's id and
+    when the new one was published."""
+    await job.run()
+    old = world.provider.live()[0].key_id
+    world.clock.advance(30 * DAY)
+    assert (await job.run()).action == "rotated"
+    state = await world.state()
+    assert state.rotation.phase == "retiring"
+    assert state.rotation.previous_version == 1  # the version that held the old key
+    assert state.rotation.key_created_at is not None
+    return old, state.rotation.key_created_at
+
+
+def live(world: World, key_id: str) -> bool:
+    return not world.provider.keys[key_id].revoked
+
+
+async def test_the_old_key_waits_past_grace_until_its_consumers_moved(world: World) -> None:
+    consumers = FakeConsumers(names=("approle/batch",))
+    job = world.job(policy=WAITING, consumers=consumers.hooks())
+    old, published = await rotated_once(world, job)
+    assert consumers.published == {"billing": 2}  # what apps read now, as each run saw it
+    assert consumers.asked == []  # not before grace
+    world.clock.advance(DAY)
+    outcome = await job.run()
+    assert live(world, old)
+    now = world.clock.time()
+    assert consumers.asked == [("billing", 1, 2 * DAY, now)]
+    state = await world.state()
+    assert state.rotation.phase == "retiring"
+    assert state.rotation.waiting_consumers == ("approle/batch",)
+    assert state.rotation.waiting_reason is None
+    assert outcome.next_due == pytest.approx(now + 60)  # asked again every minute
+    assert "retired" not in world.rotations()
+
+    consumers.names = ()  # approle/batch read the new key
+    world.clock.advance(60)
+    await job.run()
+    assert not live(world, old)
+    state = await world.state()
+    assert state.rotation.phase == "idle"
+    assert (state.rotation.previous_version, state.rotation.waiting_consumers) == (None, None)
+    assert world.rotations()[-1] == "retired"
+    assert world.observer.of(Suspicious) == []
+    assert world.clock.time() < published + WAITING.longest_grace()
+
+
+async def test_at_max_grace_the_old_key_is_revoked_anyway_and_the_laggards_named(
+    world: World,
+) -> None:
+    consumers = FakeConsumers(names=("approle/batch", "token-laptop"))
+    job = world.job(policy=WAITING, consumers=consumers.hooks())
+    old, published = await rotated_once(world, job)
+    world.clock.advance(DAY)
+    outcome = await job.run()
+    assert live(world, old)
+    world.clock.advance(published + 3 * DAY - 1 - world.clock.time())
+    outcome = await job.run()
+    assert live(world, old)  # a second before max_grace
+    assert outcome.next_due == pytest.approx(published + 3 * DAY)  # not later than max_grace
+    world.clock.advance(1)
+    await job.run()
+    assert not live(world, old)
+    assert (await world.state()).rotation.phase == "idle"
+    [alert] = world.observer.of(Suspicious)
+    assert (alert.detector, alert.severity, alert.credential) == (
+        CONSUMERS_NOT_MOVED,
+        "warning",
+        "billing",
+    )
+    assert alert.detail == (
+        "previous key revoked at max_grace (3d after the new one was published) while 2 "
+        "consumer(s) still read the old value (version 1 or older): approle/batch, token-laptop"
+    )
+
+
+async def test_when_the_monitor_cannot_tell_the_old_key_waits_for_max_grace(
+    world: World,
+) -> None:
+    consumers = FakeConsumers(unsure="the file audit source cannot be read (Permission denied)")
+    job = world.job(policy=WAITING, consumers=consumers.hooks())
+    old, published = await rotated_once(world, job)
+    world.clock.advance(DAY)
+    await job.run()
+    state = await world.state()
+    assert state.rotation.waiting_consumers == ()
+    assert state.rotation.waiting_reason == consumers.unsure
+    world.clock.advance(published + 3 * DAY - world.clock.time())
+    await job.run()
+    assert not live(world, old)
+    assert world.observer.of(Suspicious) == []  # nobody to name: a log line says so
+
+
+async def test_a_process_without_the_monitor_leaves_the_revocation_to_the_daemon(
+    world: World,
+) -> None:
+    """`keyturn rotate` reads no audit log: it does not revoke before max_grace."""
+    job = world.job(policy=WAITING)
+    old, published = await rotated_once(world, job)
+    world.clock.advance(DAY)
+    await job.run(force={"rotation"})
+    assert live(world, old)
+    assert (await world.state()).rotation.waiting_reason == NO_MONITOR
+    world.clock.advance(published + 3 * DAY - world.clock.time())
+    await job.run()
+    assert not live(world, old)
+
+
+async def test_without_wait_for_consumers_nobody_is_asked(world: World) -> None:
+    consumers = FakeConsumers(names=("approle/batch",))
+    job = world.job(consumers=consumers.hooks())
+    old, _ = await rotated_once(world, job)
+    world.clock.advance(DAY)
+    await job.run()
+    assert not live(world, old)
+    assert consumers.asked == []
+    assert consumers.published == {"billing": 2}

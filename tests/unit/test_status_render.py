@@ -1,5 +1,6 @@
 """`keyturn status`: rows from keyturn's private state (FakeVaultStore, FakeClock), the table's
-columns and relative times, the JSON fields, NAME selection and the exit code."""
+columns and relative times, the JSON fields, NAME selection and the exit code; a rotation
+waiting for consumers, and the consumers column from the daemon."""
 
 from __future__ import annotations
 
@@ -84,6 +85,10 @@ JSON_FIELDS = {
     "rotation_phase",
     "rotates_at",
     "rotation_error",
+    # with [usage]: whom a rotation waits for (from the journal), and how many read it
+    "waiting_for_consumers",
+    "waiting_reason",
+    "consumers",
 }
 
 
@@ -218,9 +223,12 @@ async def test_table_has_every_documented_column(
         "ROTATION",
         "ROTATES AT",
         "OWNER",
+        "CONSUMERS",
         "LAST ERROR",
     ):
         assert column in header, column
+    # The consumers column comes last but for the error: every other column stays in place.
+    assert header.index("OWNER") < header.index("CONSUMERS") < header.index("LAST ERROR")
 
 
 async def test_times_are_relative_and_absolute(
@@ -384,3 +392,61 @@ async def test_exit_codes(config: Config, store: FakeVaultStore, clock: FakeCloc
     assert billing.phase == "unknown"
     assert "expires_at" in (billing.last_error or "")
     assert exit_code(rows) == EXIT_ERROR == 1
+
+
+# -- with [usage]: waiting for consumers, and the consumers column ----------------------------
+
+
+async def test_a_rotation_waiting_for_consumers_names_them(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    waiting = RotationJournal(
+        key_created_at=now - 2 * DAY,
+        key_id="key_43",
+        phase="retiring",
+        previous_key_id="key_42",
+        previous_retire_at=now - DAY,
+        previous_version=2,
+        waiting_consumers=("approle/batch", "token-laptop"),
+    )
+    save(store, config, "billing", CredentialState(token=TokenRecord(phase="ok"), rotation=waiting))
+    rows = await rows_of(config, store, clock)
+    line = table_rows(render_table(rows, now))["billing"]
+    assert " retiring (waiting for consumers: approle/batch, token-laptop) " in line
+    billing = json.loads(render_json(rows).split("\n")[1])
+    assert billing["waiting_for_consumers"] == ["approle/batch", "token-laptop"]
+    assert billing["waiting_reason"] is None
+
+    unsure = "the file audit source cannot be read (Permission denied)"
+    save(
+        store,
+        config,
+        "billing",
+        CredentialState(
+            token=TokenRecord(phase="ok"),
+            rotation=RotationJournal(phase="retiring", waiting_consumers=(), waiting_reason=unsure),
+        ),
+    )
+    line = table_rows(render_table(await rows_of(config, store, clock), now))["billing"]
+    assert f" retiring (waiting for consumers: unknown; not ruled out: {unsure}) " in line
+
+
+async def test_the_consumers_column_shows_the_daemons_counts_or_a_dash(
+    config: Config, store: FakeVaultStore, clock: FakeClock
+) -> None:
+    now = clock.time()
+    healthy(store, config, now)
+    rows = await status_rows(config, store, clock, consumers={"reporting": 3, "billing": 0})
+    lines = table_rows(render_table(rows, now))
+    header = render_table(rows, now).splitlines()[0]
+    column = header.index("CONSUMERS")
+    cells = {name: line[column:].split()[0] for name, line in lines.items() if name != "CREDENTIAL"}
+    assert cells == {"reporting": "3", "billing": "0", "ledger": "-"}
+    assert [row.consumers for row in rows] == [3, 0, None]
+    unknown = await rows_of(config, store, clock)  # the daemon could not be reached
+    assert all(row.consumers is None for row in unknown)
+    assert [json.loads(line)["consumers"] for line in render_json(unknown).split("\n")] == [
+        None
+    ] * 3

@@ -1,11 +1,13 @@
 """docs/usage.md against the code: its tables list exactly the metrics (with their help
-texts), the skip reasons and the detectors that keyturn.usage has."""
+texts), the skip reasons and the detectors that keyturn.usage has; docs/alerts.md names every
+detector an alert hook can be filtered on."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from keyturn.alerts.model import DETECTORS as ALERT_DETECTORS
 from keyturn.usage.audit import SKIP_REASONS
 from keyturn.usage.detectors import DETECTORS, DetectorSettings
 from keyturn.usage.metrics import HELP
@@ -43,3 +45,15 @@ def test_the_documented_rules_are_the_defaults() -> None:
     assert "the first 24 hours" in DOC
     assert "at most once an hour" in DOC
     assert "each window weighs 0.1" in DOC
+
+
+ALERTS_DOC = (Path(__file__).resolve().parents[2] / "docs" / "alerts.md").read_text()
+
+
+def test_alerts_md_lists_every_detector_an_alert_can_name() -> None:
+    """The alert hooks' `detectors` filter takes exactly the names alerts.md documents."""
+    table = ALERTS_DOC.split("## Detectors and alerts", 1)[1]
+    named = set(re.findall(r"(?m)^\| `([a-z_]+)` \| `Keyturn", table))
+    assert named == set(ALERT_DETECTORS)
+    assert set(DETECTORS) | {"consumers_not_moved"} <= named
+    assert "token issuance" not in ALERTS_DOC  # unusual_usage is about reads of published values

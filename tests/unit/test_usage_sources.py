@@ -175,8 +175,7 @@ def test_an_unreadable_file_is_down_with_the_reason(tmp_path: Path) -> None:
     prefix: list[str] = []
     if os.geteuid() == 0:  # root reads any file, unless it gives up the capabilities to
         setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("running as root without setpriv (util-linux)")
+        assert setpriv is not None, "setpriv (util-linux) is needed to run this test as root"
         prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
     result = subprocess.run(
         [*prefix, sys.executable, "-c", UNREADABLE, str(path)],

@@ -24,7 +24,14 @@ from keyturn.alerts.hooks.webhook import WebhookHook
 from keyturn.alerts.model import DEFAULT_RUNBOOK_BASE
 from keyturn.clock import Clock
 from keyturn.config.fields import is_loopback
-from keyturn.config.schema import AlertHookConfig, Config
+from keyturn.config.schema import (
+    AlertHookConfig,
+    AlertmanagerHookConfig,
+    Config,
+    PagerDutyHookConfig,
+    SlackHookConfig,
+    WebhookHookConfig,
+)
 from keyturn.errors import ConfigError
 from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.secret import Secret
@@ -79,25 +86,25 @@ async def build_hook(
 ) -> AlertHook:
     """One hook; resolves its references (SecretReferenceError, ConfigError for a bad URL)."""
     policy = hook_policy(config)
-    url = None if config.url is None else await _url(config, config.url, resolver, source)
     timeout = config.timeout
-    if config.type == "pagerduty":
-        if config.routing_key is None:
-            raise ConfigError(f'{source}: alerts["{config.name}"].routing_key: missing')
-        key = await resolver.resolve(config.routing_key)
-        return PagerDutyHook(
-            config.name, key, policy, url=url, clock=clock, timeout=timeout, transport=transport
-        )
-    if url is None:
-        raise ConfigError(f'{source}: alerts["{config.name}"].url: missing')
-    kinds: dict[str, type[SlackHook | AlertmanagerHook | WebhookHook]] = {
-        "slack": SlackHook,
-        "alertmanager": AlertmanagerHook,
-        "webhook": WebhookHook,
-    }
-    return kinds[config.type](
-        config.name, url, policy, clock=clock, timeout=timeout, transport=transport
-    )
+    hook_class: type[SlackHook | AlertmanagerHook | WebhookHook]
+    match config:  # one arm per hook type: the one registration a new type needs here
+        case PagerDutyHookConfig():
+            url = None if config.url is None else await _url(config, config.url, resolver, source)
+            key = await resolver.resolve(config.routing_key)
+            return PagerDutyHook(
+                config.name, key, policy, url=url, clock=clock, timeout=timeout, transport=transport
+            )
+        case SlackHookConfig():
+            hook_class = SlackHook
+        case AlertmanagerHookConfig():
+            hook_class = AlertmanagerHook
+        case WebhookHookConfig():
+            hook_class = WebhookHook
+        case _:
+            raise ConfigError(f'{source}: alerts["{config.name}"].type: unknown {config.type!r}')
+    url = await _url(config, config.url, resolver, source)
+    return hook_class(config.name, url, policy, clock=clock, timeout=timeout, transport=transport)
 
 
 async def build_hooks(

@@ -52,6 +52,12 @@ DETECTORS: tuple[str, ...] = (
     "loop_stalled",
     "credential_failing",
     "manual_rotation_due",
+    # from Vault's audit log, with [usage] (keyturn.usage.detectors)
+    "private_state_read",
+    "published_path_written",
+    "usage_source_down",
+    # a previous key revoked at max_grace while consumers still read it (keyturn.jobs.rotation)
+    "consumers_not_moved",
 )
 
 _SECRET_WORDS = "|".join(

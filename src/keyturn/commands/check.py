@@ -1,8 +1,9 @@
 """`keyturn check -c FILE [--live]`: is this configuration ready to run?
 
 Validates the file, resolves every secret reference, checks Vault auth, that every mount
-keyturn uses is KV v2, the token's capabilities on every path keyturn will touch, and reaches
-every provider's token endpoint. Exit 0 when all is well; exit 1 with one line per problem.
+keyturn uses is KV v2, the token's capabilities on every path keyturn will touch, reaches
+every provider's token endpoint, and with `[usage]` that Vault's audit log can be read. Exit 0
+when all is well; exit 1 with one line per problem.
 
 Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
 answer proves the endpoint is there without issuing a token. `--live` goes further and uses
@@ -40,6 +41,7 @@ from keyturn.providers.tokens import parse_error_response
 from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
+from keyturn.usage.sources import check_address, check_file
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.mounts import inspect_mount
 from keyturn.vault.store import KvStore
@@ -133,7 +135,34 @@ async def check(config: Config, *, live: bool = False) -> Report:
         await store.close()
     report.problems += await _check_providers(config)
     report.problems += sink_problems(config)
+    report.problems += usage_problems(config)
     return report
+
+
+def usage_problems(config: Config) -> list[str]:
+    """With `[usage]`: Vault's audit log must be readable here (run `check` as keyturn's
+    user), the position file's directory writable, a socket address usable."""
+    usage = config.usage
+    if usage is None:
+        return []
+    if usage.source == "socket":
+        assert usage.socket is not None
+        problem = check_address(usage.socket)
+        return [] if problem is None else [f"usage.socket: {problem}"]
+    assert usage.file is not None
+    problems = []
+    problem = check_file(usage.file)
+    if problem is not None:
+        problems.append(f"usage.file: {problem}")
+    directory = usage.position_file.parent
+    if not directory.is_dir():
+        problems.append(
+            f"usage.position_file: directory {directory} does not exist (create it, or "
+            "systemd's StateDirectory=keyturn does)"
+        )
+    elif not os.access(directory, os.W_OK | os.X_OK):
+        problems.append(f"usage.position_file: keyturn cannot write in {directory}")
+    return problems
 
 
 def sink_problems(config: Config) -> list[str]:

@@ -1,7 +1,11 @@
 """`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault.
 
 Status comes from keyturn's private state and the published paths, not from a running
-process, so it shows the truth whichever instance (or none) is running.
+process, so it shows the truth whichever instance (or none) is running. A rotation waiting
+for consumers to move off the old key (`rotation.wait_for_consumers`) says whom it waits for:
+the journal keeps their names. Only the CONSUMERS column (how many identities read each
+credential) comes from the running daemon, with `[usage]`; it is `-` when the daemon cannot be
+reached.
 
 Exit codes: 0 every credential shown is `ok`; 3 (`EXIT_NOT_OK`) some credential is not
 (`pending`, `failing`, `expired`); 1 the status could not be read (the configuration, Vault, a
@@ -15,7 +19,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,9 +62,16 @@ class StatusRow:
     rotation_phase: str | None
     rotates_at: float | None
     rotation_error: str | None
+    # While the previous key waits for consumers to move: their names, and why keyturn cannot
+    # rule out others, if it cannot (from the journal).
+    waiting_for_consumers: tuple[str, ...] | None = None
+    waiting_reason: str | None = None
+    consumers: int | None = None  # identities reading it, from the daemon (with [usage])
 
     def as_json(self) -> dict[str, Any]:
         values = asdict(self)
+        if self.waiting_for_consumers is not None:
+            values["waiting_for_consumers"] = list(self.waiting_for_consumers)
         for name in _TIME_FIELDS:
             if values[name] is not None:
                 values[name] = rfc3339(values[name])
@@ -94,14 +105,16 @@ def run(args: argparse.Namespace) -> int:
         missing = ", ".join(repr(name) for name in unknown)
         print(f"keyturn status: no credential named {missing} in {config.source}", file=sys.stderr)
         return EXIT_ERROR
-    from keyturn.vault.open import open_vault_store  # noqa: PLC0415 - only when needed
+    from keyturn.commands.usage import consumer_counts  # noqa: PLC0415 - only when needed
+    from keyturn.vault.open import open_vault_store  # noqa: PLC0415
 
     clock = SystemClock()
 
     async def collect() -> list[StatusRow]:
+        counts = await asyncio.to_thread(consumer_counts, config)
         store = await open_vault_store(config, clock=clock)
         try:
-            return await status_rows(config, store, clock, credentials)
+            return await status_rows(config, store, clock, credentials, consumers=counts)
         finally:
             await store.close()
 
@@ -129,8 +142,11 @@ async def status_rows(
     store: KvStore,
     clock: Clock,
     credentials: Sequence[CredentialConfig] | None = None,
+    *,
+    consumers: Mapping[str, int] | None = None,
 ) -> list[StatusRow]:
-    """The rows of `credentials` (default: every credential of `config`), in that order."""
+    """The rows of `credentials` (default: every credential of `config`), in that order.
+    `consumers`: how many identities read each credential, from the daemon (None: unknown)."""
 
     async def one(credential: CredentialConfig) -> StatusRow:
         name = credential.name
@@ -173,6 +189,9 @@ async def status_rows(
             rotation_phase=journal.phase if rotation is not None else None,
             rotates_at=rotates_at,
             rotation_error=journal.error if rotation is not None else None,
+            waiting_for_consumers=journal.waiting_consumers if rotation is not None else None,
+            waiting_reason=journal.waiting_reason if rotation is not None else None,
+            consumers=consumers.get(name) if consumers is not None else None,
         )
 
     chosen = config.credentials if credentials is None else credentials
@@ -223,6 +242,19 @@ def expiry(row: StatusRow, now: float) -> str:
     return f"{verb} {when(row.expires_at, now)}"
 
 
+def rotation(row: StatusRow) -> str:
+    """The rotation's phase, and while the old key waits for consumers, whom it waits for:
+    `retiring (waiting for consumers: approle/batch)`."""
+    phase = _text(row.rotation_phase)
+    names, reason = row.waiting_for_consumers, row.waiting_reason
+    if not names and reason is None:
+        return phase
+    waiting = ", ".join(names or ()) or "unknown"
+    if reason is not None:
+        waiting += f"; {'others ' if names else ''}not ruled out: {reason}"
+    return f"{phase} (waiting for consumers: {waiting})"
+
+
 # (header, cell) for each column of the table, in order; the last one is not padded.
 _COLUMNS: tuple[tuple[str, Callable[[StatusRow, float], str]], ...] = (
     ("CREDENTIAL", lambda row, now: row.credential),
@@ -235,9 +267,10 @@ _COLUMNS: tuple[tuple[str, Callable[[StatusRow, float], str]], ...] = (
     ("FAILURES", lambda row, now: str(row.consecutive_failures)),
     ("REFRESHING", lambda row, now: "yes" if row.refreshing else "no"),
     ("VERSION", lambda row, now: _text(row.published_version)),
-    ("ROTATION", lambda row, now: _text(row.rotation_phase)),
+    ("ROTATION", lambda row, now: rotation(row)),
     ("ROTATES AT", lambda row, now: when(row.rotates_at, now)),
     ("OWNER", lambda row, now: _text(row.owner)),
+    ("CONSUMERS", lambda row, now: _text(row.consumers)),
     ("LAST ERROR", lambda row, now: _text(row.last_error)),
 )
 
@@ -246,7 +279,7 @@ def _text(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _printable(cell: str) -> str:
+def printable(cell: str) -> str:
     """One line, no control or bidi characters: a provider's error text cannot reach the
     operator's terminal as escape sequences or reorder the line."""
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in cell)
@@ -255,7 +288,7 @@ def _printable(cell: str) -> str:
 def render_table(rows: Sequence[StatusRow], now: float) -> str:
     """Aligned columns, times relative to `now` and absolute (UTC)."""
     table = [[header for header, _ in _COLUMNS]]
-    table += [[_printable(cell(row, now)) for _, cell in _COLUMNS] for row in rows]
+    table += [[printable(cell(row, now)) for _, cell in _COLUMNS] for row in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True))

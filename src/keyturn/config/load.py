@@ -135,7 +135,8 @@ class Document:
         self.problems: list[tuple[Loc, str]] = []
         for section in _SECTIONS:
             if section not in _ENTRIES:
-                data.setdefault(section, {})  # [keyturn], [vault], [metrics]: absent is empty
+                if keys(Config)[section].default is not None:  # [usage]: absent stays absent
+                    data.setdefault(section, {})  # [keyturn], [vault], [metrics]: absent is empty
                 continue
             singular, first = _ENTRIES[section], dict[str, int]()
             names = self.names.setdefault(section, [])

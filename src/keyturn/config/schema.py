@@ -16,12 +16,14 @@ seconds; secret inputs are `SecretRef`s, never values.
               revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
               credentials: (CredentialConfig (refresh, backoff, rotation: RotationPolicy,
               sinks: (SinkConfig (on_publish: HookConfig), ...)), ...),
-              alerts: (AlertHookConfig, ...)
+              alerts: (AlertHookConfig, ...), usage: UsageSettings | None
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import json
 import re
 import socket
 from collections.abc import Iterator, Mapping
@@ -69,11 +71,14 @@ from keyturn.config.fields import (
     STATUSES,
     URL,
     URLS,
+    Check,
+    Invalid,
     LoadContext,
     Names,
     body_template,
     command,
     context_of,
+    describe,
     duration,
     integer,
     is_loopback,
@@ -105,6 +110,9 @@ SinkFormat = Literal["raw", "json", "env"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 OK_STATUS = (200, 201, 202, 204)
+# How long after a new key is published its predecessor lives at most while keyturn waits for
+# consumers to move, unless `max_grace` says otherwise.
+DEFAULT_MAX_GRACE = DAY
 
 # Key types of several tables. Ranges (docs/configuration.md lists them): time-outs up to an
 # hour, other durations up to a year unless said otherwise, counts one process can use.
@@ -498,6 +506,149 @@ class ManualRotatorConfig(Table):
 RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
 
 
+# -- [usage] --------------------------------------------------------------------------------
+
+UsageSource = Literal["file", "socket"]
+DEFAULT_POSITION_FILE = Path("/var/lib/keyturn/audit-position.json")
+AUDIT_NETWORKS = ("127.0.0.0/8", "::1/128")
+MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _listing(value: object, from_env: bool, expected: str) -> list[object]:
+    """A non-empty array, or in the environment a JSON array or "a,b"."""
+    if from_env and isinstance(value, str):
+        stripped = value.strip()
+        if stripped.startswith("["):
+            try:
+                value = json.loads(stripped)
+            except ValueError:
+                raise Invalid(f"got {describe(value)}; expected {expected}") from None
+        else:
+            value = [part.strip() for part in stripped.split(",") if part.strip()]
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"got {describe(value)}; expected {expected}")
+    return value
+
+
+_CONSUMERS_EXPECTED = (
+    "a non-empty array of consumer names, fnmatch patterns or entity ids, e.g. "
+    '["approle/reporting", "kubernetes-prod-*"] (each at most 128 characters; in the '
+    'environment a JSON array or "a,b")'
+)
+
+
+def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
+    names = []
+    for item in _listing(value, from_env, _CONSUMERS_EXPECTED):
+        if (
+            not isinstance(item, str)
+            or not item.strip()
+            or len(item) > MAX_CONSUMER_NAME
+            or _CONTROL_CHARACTER.search(item)
+        ):
+            raise Invalid(f"got {describe(item)} in the array; expected {_CONSUMERS_EXPECTED}")
+        names.append(item)
+    return tuple(dict.fromkeys(names))
+
+
+CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers)
+
+_NETWORKS_EXPECTED = (
+    'a non-empty array of networks, e.g. ["127.0.0.0/8", "10.0.4.0/24", "::1/128"] (in the '
+    'environment a JSON array or "a,b")'
+)
+
+
+def _networks(value: object, from_env: bool) -> tuple[str, ...]:
+    networks = []
+    for item in _listing(value, from_env, _NETWORKS_EXPECTED):
+        try:
+            network = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
+        except ValueError:
+            network = None
+        if network is None:
+            raise Invalid(f"got {describe(item)} in the array; expected {_NETWORKS_EXPECTED}")
+        networks.append(str(network))
+    return tuple(dict.fromkeys(networks))
+
+
+NETWORKS = Check(_NETWORKS_EXPECTED, _networks)
+
+_AUDIT_ADDRESS_EXPECTED = (
+    'where keyturn listens for Vault\'s socket audit device: "host:port" (e.g. '
+    '"127.0.0.1:9090" or "[::1]:9090") or "unix:/absolute/path"'
+)
+
+
+def _audit_address(value: object, from_env: bool) -> str:
+    if isinstance(value, str) and value.startswith("unix:"):
+        path = value[len("unix:") :]
+        if not path.startswith("/") or _CONTROL_CHARACTER.search(path) or len(path) > 107:
+            raise Invalid(f"got {describe(value)}; expected {_AUDIT_ADDRESS_EXPECTED}")
+        return value
+    try:
+        LISTEN.value(value)
+    except Invalid:
+        raise Invalid(f"got {describe(value)}; expected {_AUDIT_ADDRESS_EXPECTED}") from None
+    assert isinstance(value, str)
+    return value
+
+
+AUDIT_ADDRESS = Check(_AUDIT_ADDRESS_EXPECTED, _audit_address)
+_ONLY_FOR = {"file": ("file", "prefix"), "socket": ("socket",)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class UsageSettings(Table):
+    """`[usage]`: who reads the published credentials, from Vault's audit log (keyturn.usage,
+    docs/usage.md). source: "file" (keyturn tails `file`, Vault's file audit device, and
+    remembers where it stopped in `position_file`) or "socket" (keyturn listens on `socket`
+    for Vault's socket audit device, connecting from `allowed_networks`). prefix: the device's
+    `prefix` option. The detectors' rules (keyturn.usage.DetectorSettings): learning,
+    rate_window, rate_factor, rate_floor, repeat. max_consumers: identities kept by name per
+    credential (the rest count as `other`); consumer_labels: how many of those have a
+    `consumer` label of their own in metrics."""
+
+    source: Annotated[UsageSource, ONE_OF]
+    file: Annotated[Path | None, FS_PATH] = None
+    prefix: Annotated[
+        str | None, text('the audit device\'s prefix option, e.g. "vault-audit:"')
+    ] = None
+    position_file: Annotated[Path, FS_PATH] = DEFAULT_POSITION_FILE
+    socket: Annotated[str | None, AUDIT_ADDRESS] = None
+    allowed_networks: Annotated[tuple[str, ...], NETWORKS] = AUDIT_NETWORKS
+    learning: Annotated[float, MARGIN] = DAY
+    rate_window: Annotated[float, duration(minimum=1.0, maximum=DAY)] = 300.0
+    rate_factor: Annotated[
+        float, number("a number between 1 and 1000", lambda x: 1 <= x <= 1000)
+    ] = 10.0
+    rate_floor: Annotated[int, integer(1, 1_000_000)] = 100
+    repeat: Annotated[float, duration(positive=True)] = HOUR
+    max_consumers: Annotated[int, integer(1, 10_000)] = 100
+    consumer_labels: Annotated[int, integer(0, 1_000)] = 20
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        needed = "file" if self.source == "file" else "socket"
+        if getattr(self, needed) is None:
+            what = "the audit file's path" if needed == "file" else "the address to listen on"
+            yield needed, f'missing for source = "{self.source}"; expected {what}'
+        for other, keys in _ONLY_FOR.items():
+            for key in keys if other != self.source else ():
+                if getattr(self, key) is not None:
+                    message = (
+                        f'is set for source = "{self.source}"; expected it only with '
+                        f'source = "{other}"'
+                    )
+                    yield key, message
+        if self.consumer_labels > self.max_consumers:
+            message = (
+                f"is more than max_consumers ({self.max_consumers}); expected at most "
+                "max_consumers (only consumers kept by name can have a label)"
+            )
+            yield "consumer_labels", message
+
+
 # -- [[credentials]] ------------------------------------------------------------------------
 
 
@@ -505,13 +656,25 @@ RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
 class RotationPolicy(Table):
     """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
     `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
-    is published. verify_attempts: failed verifications of one new key before another."""
+    is published. verify_attempts: failed verifications of one new key before another.
+    wait_for_consumers (api_key, with `[usage]`): after `grace`, the old key is revoked only
+    once no consumer that read it within `consumer_window` still reads it, and at the latest
+    `max_grace` after the new one was published (None: `DEFAULT_MAX_GRACE`, at least
+    `grace`; see `longest_grace`)."""
 
     # A key may live up to ten years; the old one stays valid for at most a year after.
     max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
     grace: Annotated[float, MARGIN] = 3600.0
     rotator: Annotated[str, NAME, refers_to("rotators", "rotator")]
     verify_attempts: Annotated[int, integer(1, 100)] = 5
+    wait_for_consumers: Annotated[bool, BOOLEAN] = False
+    consumer_window: Annotated[float, duration(positive=True)] = DAY
+    max_grace: Annotated[float | None, MARGIN] = None
+
+    def longest_grace(self) -> float:
+        """How long after the new key is published the old one is revoked at the latest when
+        waiting for consumers: `max_grace`, or by default a day (never less than `grace`)."""
+        return self.max_grace if self.max_grace is not None else max(self.grace, DEFAULT_MAX_GRACE)
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.grace >= self.max_age:
@@ -520,6 +683,26 @@ class RotationPolicy(Table):
                 "than max_age, so that at most two keys are live at once"
             )
             yield "grace", message
+        if self.max_grace is not None and self.max_grace < self.grace:
+            message = (
+                f"is shorter than grace ({self.grace:g}s); expected max_grace >= grace (the "
+                "old key is never revoked before grace has passed)"
+            )
+            yield "max_grace", message
+        longest = self.longest_grace()
+        if self.wait_for_consumers and longest >= self.max_age > self.grace:
+            if self.max_grace is None:
+                message = (
+                    f"waits up to max_grace's default ({longest:g}s), which is not shorter than "
+                    f"max_age ({self.max_age:g}s); expected a max_grace shorter than max_age"
+                )
+                yield "wait_for_consumers", message
+            else:
+                message = (
+                    f"is not shorter than max_age ({self.max_age:g}s); expected a max_grace "
+                    "shorter than max_age, so that at most two keys are live at once"
+                )
+                yield "max_grace", message
 
 
 def _present(table: Any) -> dict[str, Any]:
@@ -696,6 +879,7 @@ class CredentialConfig(Table):
             '"/run/keyturn/app.env", format = "env" }]'
         ),
     ] = ()
+    consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -743,6 +927,13 @@ class CredentialConfig(Table):
                 "whose id this is) as well"
             )
             yield "initial_key_id", message
+        waits = self.rotation is not None and self.rotation.wait_for_consumers
+        if waits and self.kind == "oauth_client":
+            message = (
+                "is true for an oauth_client, whose client secret is never published, so no "
+                "consumer reads it; expected wait_for_consumers only for an api_key"
+            )
+            yield ("rotation", "wait_for_consumers"), message
         if self.rotation is None or context.rotators is None:
             return
         name = self.rotation.rotator
@@ -834,14 +1025,14 @@ NOT_A_KEY = NotAKey()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class WebhookHook(AlertHookConfig):
+class WebhookHookConfig(AlertHookConfig):
     type: Literal["webhook"]
     url: Annotated[SecretRef, url_or_reference("the URL alerts are POSTed to")]
     routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class SlackHook(AlertHookConfig):
+class SlackHookConfig(AlertHookConfig):
     """A Slack webhook URL is a secret (whoever has it can post): a reference only."""
 
     type: Literal["slack"]
@@ -856,14 +1047,14 @@ class SlackHook(AlertHookConfig):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class PagerDutyHook(AlertHookConfig):
+class PagerDutyHookConfig(AlertHookConfig):
     type: Literal["pagerduty"]
     url: Annotated[SecretRef | None, url_or_reference("the Events API v2 endpoint")] = None
     routing_key: Annotated[SecretRef, secret_reference('routing_key = "env:PAGERDUTY_ROUTING_KEY"')]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class AlertmanagerHook(AlertHookConfig):
+class AlertmanagerHookConfig(AlertHookConfig):
     type: Literal["alertmanager"]
     url: Annotated[
         SecretRef,
@@ -872,7 +1063,9 @@ class AlertmanagerHook(AlertHookConfig):
     routing_key: Annotated[None, NOT_A_KEY] = None
 
 
-AlertHook = WebhookHook | SlackHook | PagerDutyHook | AlertmanagerHook
+AlertHookVariant = (
+    WebhookHookConfig | SlackHookConfig | PagerDutyHookConfig | AlertmanagerHookConfig
+)
 
 
 # -- the whole file -------------------------------------------------------------------------
@@ -909,10 +1102,11 @@ class Config:
         described("an array of tables ([[credentials]])"),
     ] = ()
     alerts: Annotated[
-        tuple[Annotated[AlertHook, Field(discriminator="type")], ...],
+        tuple[Annotated[AlertHookVariant, Field(discriminator="type")], ...],
         Entries("alert hook"),
         described("an array of tables ([[alerts]])"),
     ] = ()
+    usage: Annotated[UsageSettings | None, described("a table ([usage])")] = None
     source: Path = dataclasses.field(default=Path(), init=False)
 
     @model_validator(mode="after")
@@ -920,7 +1114,22 @@ class Config:
         context = context_of(info)
         if context is not None:
             object.__setattr__(self, "source", Path(context.source))
+            found = list(self._needs_usage())
+            if found:
+                raise report(found)
         return self
+
+    def _needs_usage(self) -> Iterator[tuple[Where, str]]:
+        """Keys that work from Vault's audit log need a `[usage]` table."""
+        if self.usage is not None:
+            return
+        why = "expected a [usage] table as well (keyturn learns who reads from Vault's audit log)"
+        for index, credential in enumerate(self.credentials):
+            if credential.consumers is not None:
+                yield ("credentials", index, "consumers"), f"is set without [usage]; {why}"
+            if credential.rotation is not None and credential.rotation.wait_for_consumers:
+                where: Where = ("credentials", index, "rotation", "wait_for_consumers")
+                yield where, f"is true without [usage]; {why}"
 
     def credential(self, name: str) -> CredentialConfig:
         """The credential called `name`; KeyError if there is none."""

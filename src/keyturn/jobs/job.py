@@ -51,6 +51,29 @@ async def no_checkpoint(credential: str, point: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumersOnOld:
+    """Who still reads a previous key, as the usage monitor sees it: `names` of the consumers
+    whose last read got that version (or an older one), and `unsure`, why the monitor cannot
+    rule out others (None when it can)."""
+
+    names: tuple[str, ...] = ()
+    unsure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHooks:
+    """What jobs ask of and tell the usage monitor (keyturn.usage, wired by the daemon when
+    `[usage]` is configured; tests pass fakes). `waiting_for(credential, old_version, window,
+    now)`: the consumers that read `old_version` (or older) within `window` seconds before
+    `now` and nothing newer since (`rotation.wait_for_consumers`). `published(credential,
+    version)`: the KV version now published at the credential's path, as a run read or wrote
+    it (what `keyturn usage` calls current)."""
+
+    waiting_for: Callable[[str, int, float, float], ConsumersOnOld]
+    published: Callable[[str, int], None]
+
+
+@dataclass(frozen=True, slots=True)
 class JobDeps:
     """What every job and task of one configuration shares, passed once: where the records
     live, who hears about runs, the time and the jitter, and who this instance is."""
@@ -64,6 +87,8 @@ class JobDeps:
     # One step's worth of work: the longest provider timeout plus slack (see Lease).
     lease_seconds: float = 30.0
     checkpoint: Checkpoint = no_checkpoint
+    # The usage monitor, in a daemon with `[usage]`; None elsewhere (one-shot commands).
+    consumers: ConsumerHooks | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +284,7 @@ class CredentialJob:
         self._instance = deps.instance_id
         self._path = state_path(deps.state_prefix, credential.name)
         self._lease = Lease(deps.instance_id, deps.lease_seconds)
+        self._consumers = deps.consumers
         self._backoff = credential.backoff
         # Failures outside any task (the record cannot be read, the lease cannot be taken or
         # released), and the last state read, whose token bounds the retry delay.
@@ -304,6 +330,7 @@ class CredentialJob:
             return self._failure_outcome(self._last_state, error, self._job_failures)
         self._last_state = state
         token = state.token
+        self._published(state)
         self._observer(
             Restored(
                 self.name,
@@ -383,10 +410,17 @@ class CredentialJob:
             )
         self._job_failures = 0
         self._last_state = journal.state
+        self._published(journal.state)
         now = self._clock.time()
         dues = [await t.due(journal.state, now, False) for t in self.tasks]
         next_due = min(dues, default=now + 3600)
         return self._planned(Outcome(action, next_due, journal.state, error))
+
+    def _published(self, state: CredentialState) -> None:
+        """Tell the usage monitor which version apps read now (it marks who has it)."""
+        version = state.token.published_version
+        if self._consumers is not None and version is not None:
+            self._consumers.published(self.name, version)
 
     def _planned(self, outcome: Outcome) -> Outcome:
         self._observer(Scheduled(self.name, self.provider, self.kind, outcome.next_due))

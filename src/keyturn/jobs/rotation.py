@@ -15,6 +15,13 @@ keyturn's private state, so each step is idempotent and a crash resumes at the l
                                                     `previous`, valid for `grace`
     retiring ──after grace: revoke─> idle
 
+With `rotation.wait_for_consumers` (an API key, in a daemon with `[usage]`), `retiring` also
+waits, after `grace`, until no consumer that read the previous key within `consumer_window`
+still reads it (`ConsumerHooks.waiting_for`, asked again every `recheck_interval`; the names
+are kept in the journal for `keyturn status`), and at the latest until `max_grace` after the
+new key was published: then the old key is revoked anyway and `consumers_not_moved` names
+the consumers still on it.
+
 A failure leaves the current key published, is recorded (`rotation_error`) and retried with
 backoff. The manual rotator waits in `creating` until `keyturn import-key` supplies the key.
 What verifying and publishing mean is the credential kind's (a `RotationTarget` from
@@ -28,10 +35,10 @@ from dataclasses import replace
 from typing import Protocol, assert_never
 
 from keyturn.clock import rfc3339
-from keyturn.config import CredentialConfig
+from keyturn.config import CredentialConfig, RotationPolicy, format_duration
 from keyturn.errors import ConfigError, KeyturnError, RotationError, VerificationFailed
-from keyturn.events import RotationDuration, RotationPlanned, RotationStep
-from keyturn.jobs.job import Checkpoint, JobDeps, Journal, no_checkpoint
+from keyturn.events import RotationDuration, RotationPlanned, RotationStep, Suspicious
+from keyturn.jobs.job import Checkpoint, ConsumersOnOld, JobDeps, Journal, no_checkpoint
 from keyturn.jobs.steps import retry_after
 from keyturn.logs import get_logger
 from keyturn.policy import backoff_delay
@@ -45,6 +52,20 @@ __all__ = ["CHECKPOINTS", "Checkpoint", "KeyRotation", "RotationTarget", "no_che
 # the job's `checkpoint` (credential, point): a no-op in production; the crash tests inject one
 # that stops dead there (keyturn_devkit.harness.paused_daemon), then kill the daemon.
 CHECKPOINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
+
+# The detector of a previous key revoked at `max_grace` while consumers still read it.
+CONSUMERS_NOT_MOVED = "consumers_not_moved"
+# At most this many names in that alert's summary (the journal keeps them all).
+NAMED_IN_ALERT = 10
+# Why a process without the usage monitor (`keyturn rotate`) leaves the revocation to the
+# daemon until `max_grace`.
+NO_MONITOR = "this process does not read Vault's audit log; the daemon (keyturn run) does"
+
+
+def recheck_interval(policy: RotationPolicy) -> float:
+    """How often a rotation waiting for consumers asks again: a minute, or `grace` when that
+    is shorter (at least a second)."""
+    return min(60.0, max(1.0, policy.grace))
 
 
 class RotationTarget(Protocol):
@@ -92,6 +113,7 @@ class KeyRotation:
         self._clock = deps.clock
         self._rng = deps.rng
         self._checkpoint = deps.checkpoint
+        self._consumers = deps.consumers
         self._log = get_logger("keyturn.rotation")
 
     # -- Task -----------------------------------------------------------------------------
@@ -129,7 +151,7 @@ class KeyRotation:
                 await self._make_current(journal)
                 action = "rotated"
             elif phase == "retiring":
-                if now < (rotation.previous_retire_at or now):
+                if now < (rotation.previous_retire_at or now) or self._still_used(journal, now):
                     return action
                 await self._retire(journal)
                 return "rotated"
@@ -254,6 +276,9 @@ class KeyRotation:
             pending_key_id=None,
             previous_key_id=rotation.key_id,
             previous_retire_at=now + self.policy.grace if had_previous else None,
+            previous_version=state.token.published_version if had_previous else None,
+            waiting_consumers=None,
+            waiting_reason=None,
             phase="retiring" if had_previous else "idle",
             failures=0,
             error=None,
@@ -284,12 +309,88 @@ class KeyRotation:
             phase="idle",
             previous_key_id=None,
             previous_retire_at=None,
+            previous_version=None,
+            waiting_consumers=None,
+            waiting_reason=None,
             failures=0,
             error=None,
             retry_at=None,
         )
         await self._save(journal, retired)
         self._step_event("retired")
+
+    # -- waiting for consumers ------------------------------------------------------------
+
+    def _still_used(self, journal: Journal, now: float) -> bool:
+        """With `wait_for_consumers`, after grace: whether the previous key must live on
+        because consumers still read it (or keyturn cannot tell), until `max_grace` after the
+        new key was published. Waiting is staged in the journal (who, why, when to ask
+        again); at `max_grace` the key is revoked anyway and the consumers on it named."""
+        policy = self.policy
+        if not policy.wait_for_consumers or self.kind != "api_key":
+            return False
+        rotation = journal.state.rotation
+        old = rotation.previous_version
+        if old is None:  # a journal from before the field: every version before the current
+            current = journal.state.token.published_version
+            old = current - 1 if current is not None else None
+        if old is None or old < 1:
+            return False  # no earlier version was published: nobody can read one
+        if self._consumers is None:
+            on_old = ConsumersOnOld(rotation.waiting_consumers or (), NO_MONITOR)
+        else:
+            on_old = self._consumers.waiting_for(self.credential, old, policy.consumer_window, now)
+        if not on_old.names and on_old.unsure is None:
+            return False
+        deadline = (rotation.key_created_at or now) + policy.longest_grace()
+        if now >= deadline:
+            self._revoked_anyway(on_old, old)
+            return False
+        if (on_old.names, on_old.unsure) != (rotation.waiting_consumers, rotation.waiting_reason):
+            self._log.info(
+                "rotation.waiting_for_consumers",
+                credential=self.credential,
+                consumers=list(on_old.names),
+                unsure=on_old.unsure,
+                until=rfc3339(deadline),
+            )
+        waiting = replace(
+            rotation,
+            waiting_consumers=on_old.names,
+            waiting_reason=on_old.unsure,
+            retry_at=min(deadline, now + recheck_interval(policy)),
+        )
+        self._stage(journal, waiting)
+        return True
+
+    def _revoked_anyway(self, on_old: ConsumersOnOld, old: int) -> None:
+        """`max_grace` has passed: the old key goes now. Consumers still on it are named in
+        `consumers_not_moved` (they will fail until they read the new key); when keyturn only
+        could not tell, a log line says so."""
+        longest = format_duration(self.policy.longest_grace())
+        if not on_old.names:
+            self._log.warning(
+                "rotation.consumers_unknown",
+                credential=self.credential,
+                reason=on_old.unsure,
+                detail=f"previous key revoked at max_grace ({longest}) without knowing that "
+                "every consumer moved",
+            )
+            return
+        shown = ", ".join(on_old.names[:NAMED_IN_ALERT])
+        if len(on_old.names) > NAMED_IN_ALERT:
+            shown += f" and {len(on_old.names) - NAMED_IN_ALERT} more"
+        self._observer(
+            Suspicious(
+                self.credential,
+                self.provider,
+                CONSUMERS_NOT_MOVED,
+                "warning",
+                f"previous key revoked at max_grace ({longest} after the new one was "
+                f"published) while {len(on_old.names)} consumer(s) still read the old value "
+                f"(version {old} or older): {shown}",
+            )
+        )
 
     # -- manual keys ----------------------------------------------------------------------
 

@@ -160,6 +160,37 @@ HEARTBEAT = _gauge(
 )
 CREDENTIALS = _gauge("keyturn_credentials", "credentials configured")
 
+# -- usage (with [usage]: keyturn.usage.metrics.UsageCollector, computed at scrape time) -------
+CONSUMER_READS = _counter(
+    "keyturn_consumer_reads_total",
+    ("credential", "consumer"),
+    "reads of the credential's published path by each consumer, from Vault's audit log",
+)
+CONSUMER_LAST_READ = _gauge(
+    "keyturn_consumer_last_read_timestamp_seconds",
+    "when the consumer last read the credential's published path",
+    ("credential", "consumer"),
+)
+CONSUMERS = _gauge(
+    "keyturn_consumers",
+    "distinct identities seen reading the credential's published path",
+    ("credential",),
+)
+USAGE_LINES_SKIPPED = _counter(
+    "keyturn_usage_lines_skipped_total", ("reason",), "audit lines not counted, by reason"
+)
+USAGE_SOURCE_UP = _gauge(
+    "keyturn_usage_source_up", "1 while every configured audit source can be read, else 0"
+)
+USAGE: tuple[MetricSpec, ...] = (
+    CONSUMER_READS,
+    CONSUMER_LAST_READ,
+    CONSUMERS,
+    USAGE_LINES_SKIPPED,
+    USAGE_SOURCE_UP,
+)
+
+# What `PrometheusObserver` exposes (the usage metrics above come from their own collector).
 ALL: tuple[MetricSpec, ...] = (
     EXPIRY,
     ISSUED,
@@ -219,6 +250,13 @@ DETECTORS = frozenset(
         "vault_token_expiring",
         "alert_hook_failing",
         "loop_stalled",
+        # from Vault's audit log (keyturn.usage), and a rotation waiting for consumers
+        "unexpected_reader",
+        "unusual_usage",
+        "private_state_read",
+        "published_path_written",
+        "usage_source_down",
+        "consumers_not_moved",
     }
 )
 SEVERITIES = frozenset({"info", "warning", "critical"})

@@ -3,6 +3,9 @@
     GET /metrics   the registry in the Prometheus text format (OpenMetrics if asked for)
     GET /healthz   200 while `alive()` says so, else 503: {"alive": bool, "reason": str}
     GET /readyz    200 while `ready()` says so, else 503: {"ready": bool, "problems": [...]}
+    GET /usage     with `[usage]`: who reads each credential (`keyturn usage`, `status`), from
+                   `usage(names, summary)`; `?credential=NAME` (repeated) picks credentials,
+                   `?summary=1` leaves out the consumers' list; 404 without `[usage]`
 
 Rendering the registry of 10,000 credentials takes a while, so it runs on a worker thread and
 the event loop keeps scheduling meanwhile. `ready()` is bounded by `ready_timeout`; when it
@@ -14,6 +17,8 @@ text). Port 0 binds a free port; `port` tells which. A port that cannot be bound
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -26,6 +31,12 @@ from keyturn.observability.health import Alive, Ready
 
 log = get_logger("keyturn.metrics")
 NO_STORE = {"Cache-Control": "no-store"}
+# The usage view (`keyturn.usage.service.UsageService.view`): (credentials or None for all,
+# summary) -> a JSON object.
+UsageView = Callable[[Sequence[str] | None, bool], dict[str, Any]]
+# The registry rendered whole, in the text format or (True) OpenMetrics: the daemon's
+# `PrometheusObserver.exposition`, which writes the per-credential gauges itself.
+Exposition = Callable[[bool], bytes]
 
 
 class MetricsServer:
@@ -39,9 +50,13 @@ class MetricsServer:
         alive: Alive,
         ready: Ready,
         ready_timeout: float = 5.0,
+        usage: UsageView | None = None,
+        exposition: Exposition | None = None,
     ) -> None:
         self._settings = settings
+        self._usage = usage
         self._registry = registry
+        self._exposition = exposition
         self._alive = alive
         self._ready = ready
         self._ready_timeout = ready_timeout
@@ -69,6 +84,7 @@ class MetricsServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/usage", self._usage_view)
         return app
 
     async def start(self) -> None:
@@ -102,7 +118,11 @@ class MetricsServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(None, encoder, self._registry)
+        if self._exposition is not None:
+            openmetrics = content_type.startswith("application/openmetrics-text")
+            body = await loop.run_in_executor(None, self._exposition, openmetrics)
+        else:
+            body = await loop.run_in_executor(None, encoder, self._registry)
         return web.Response(body=body, headers={"Content-Type": content_type, **NO_STORE})
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -126,3 +146,12 @@ class MetricsServer:
             ready, problems = False, [f"readiness check failed ({type(exc).__name__})"]
         body = {"ready": ready, "problems": [str(p) for p in problems]}
         return web.json_response(body, status=200 if ready else 503, headers=NO_STORE)
+
+    async def _usage_view(self, request: web.Request) -> web.Response:
+        """Computed on the event loop, whose thread alone touches the usage tracker."""
+        if self._usage is None:
+            body: dict[str, Any] = {"error": "keyturn runs without a [usage] table"}
+            return web.json_response(body, status=404, headers=NO_STORE)
+        names = request.query.getall("credential", []) or None
+        summary = request.query.get("summary", "") in ("1", "true")
+        return web.json_response(self._usage(names, summary), headers=NO_STORE)

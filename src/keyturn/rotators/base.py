@@ -1,7 +1,7 @@
 """The rotator interface: how keyturn gets a new key or client secret, and retires an old one.
 
 A rotator only *creates* and *revokes*; verification, publishing and the journal are keyturn's
-own (`keyturn.rotation`). Implementations: `http` (a provider's key-management API described in
+own (`keyturn.jobs.rotation`). Implementations: `http` (a provider's key-management API described in
 config), `exec` (an operator's command, parameters as JSON on stdin), `manual` (a person makes
 the key in the dashboard and hands it over with `keyturn import-key`).
 """

@@ -13,6 +13,7 @@ a rotation needs it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import assert_never
 
 import httpx
 
@@ -20,6 +21,7 @@ from keyturn.clock import Clock
 from keyturn.config.schema import (
     ExecRotatorConfig,
     HttpRotatorConfig,
+    ManualRotatorConfig,
     ProviderConfig,
     RotatorConfig,
 )
@@ -41,11 +43,15 @@ async def build_rotator(
 ) -> Rotator:
     """The rotator for `config`. `transport` (http) and `environ` (exec: the environment the
     command inherits, before keyturn's and Vault's variables are removed) are for tests."""
-    if isinstance(config, HttpRotatorConfig):
-        auth = await resolver.resolve(config.auth) if config.auth is not None else None
-        return HttpRotator(
-            config, providers[config.provider], auth, transport=transport, clock=clock
-        )
-    if isinstance(config, ExecRotatorConfig):
-        return ExecRotator(config, environ=environ)
-    return ManualRotator(config)
+    match config:  # one arm per rotator type: the one registration a new type needs here
+        case HttpRotatorConfig():
+            auth = await resolver.resolve(config.auth) if config.auth is not None else None
+            return HttpRotator(
+                config, providers[config.provider], auth, transport=transport, clock=clock
+            )
+        case ExecRotatorConfig():
+            return ExecRotator(config, environ=environ)
+        case ManualRotatorConfig():
+            return ManualRotator(config)
+        case _:  # pragma: no cover - the configuration admits no other type
+            assert_never(config)

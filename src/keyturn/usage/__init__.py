@@ -4,11 +4,10 @@
                                                                   ↑ UsageCollector (metrics)
 
 `Layout` says which paths matter; `Identity` is keyturn's own (its reads are not counted).
-How the daemon wires it (the lead's part): build a `Layout` from the configuration, an
-`Identity` from the token's `lookup-self`, a `UsageMonitor` with the runtime's observer and
-clock, one source per configured device (its `on_up` = `source_down_alerts(observer, kind)`),
-run `FileAuditSource.run()` / `await SocketAuditSource.start()` beside the scheduler, and
-register `UsageCollector(monitor.tracker, lambda: sources)` with the metrics registry.
+The daemon runs it as one `keyturn.usage.service.UsageService` (with `[usage]`): the layout
+from the configuration, the identity from its token's `lookup-self`, the source of `[usage]`
+beside the scheduler, the collector on /metrics, its view on /usage, and `ConsumerHooks` for
+the jobs (a rotation's `wait_for_consumers`; the version each run sees published).
 """
 
 from __future__ import annotations

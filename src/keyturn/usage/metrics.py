@@ -16,21 +16,17 @@ from typing import Protocol
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from keyturn.observability import catalog
 from keyturn.usage.audit import SKIP_REASONS
 from keyturn.usage.tracker import OTHER, UsageTracker
 
-READS = "keyturn_consumer_reads_total"
-LAST_READ = "keyturn_consumer_last_read_timestamp_seconds"
-CONSUMERS = "keyturn_consumers"
-SKIPPED = "keyturn_usage_lines_skipped_total"
-SOURCE_UP = "keyturn_usage_source_up"
-HELP = {
-    READS: "reads of the credential's published path by each consumer, from Vault's audit log",
-    LAST_READ: "when the consumer last read the credential's published path",
-    CONSUMERS: "distinct identities seen reading the credential's published path",
-    SKIPPED: "audit lines not counted, by reason",
-    SOURCE_UP: "1 while every configured audit source can be read, else 0",
-}
+# Names and help texts are the metrics contract's (keyturn.observability.catalog, docs/metrics.md).
+READS = catalog.CONSUMER_READS.name
+LAST_READ = catalog.CONSUMER_LAST_READ.name
+CONSUMERS = catalog.CONSUMERS.name
+SKIPPED = catalog.USAGE_LINES_SKIPPED.name
+SOURCE_UP = catalog.USAGE_SOURCE_UP.name
+HELP = {spec.name: spec.help for spec in catalog.USAGE}
 
 
 class CountingSource(Protocol):

@@ -281,6 +281,13 @@ class VaultStore:
         )
         return _dict(body.get("data") if body else None) or {}
 
+    async def lookup_self(self) -> Mapping[str, Any]:
+        """The `data` of keyturn's own token look-up: its display name, `meta` and entity id
+        are how Vault's audit log names keyturn (keyturn.usage tells its reads apart)."""
+        url = api_url("auth/token/lookup-self")
+        body = await self._call_url("GET", url, kind="lookup", operation="token lookup", path=None)
+        return _dict(body.get("data") if body else None) or {}
+
     async def health(self) -> None:
         """Vault answers and accepts our token (token look-up); used by /readyz and `check`."""
         await self.keeper.verify()

@@ -3,7 +3,7 @@ at one journal point of the first rotation that reaches it (for the crash tests,
 it).
 
 The product has no test hook: the daemon takes a `checkpoint` (a no-op in production, see
-`keyturn.rotation.CHECKPOINTS`); this entry point injects one that logs `test.paused` and
+`keyturn.jobs.rotation.CHECKPOINTS`); this entry point injects one that logs `test.paused` and
 sleeps, once.
 """
 
