@@ -96,14 +96,26 @@ def select(config: Config, names: Sequence[str]) -> tuple[list[CredentialConfig]
     return [known[n] for n in wanted if n in known], [n for n in wanted if n not in known]
 
 
+def selected_or_report(
+    config: Config, names: Sequence[str], command: str
+) -> list[CredentialConfig] | None:
+    """`select`, or None after one line on stderr naming the credentials `config` lacks."""
+    credentials, unknown = select(config, names)
+    if unknown:
+        missing = ", ".join(repr(name) for name in unknown)
+        print(
+            f"keyturn {command}: no credential named {missing} in {config.source}", file=sys.stderr
+        )
+        return None
+    return credentials
+
+
 def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
         return EXIT_ERROR
-    credentials, unknown = select(config, args.names)
-    if unknown:
-        missing = ", ".join(repr(name) for name in unknown)
-        print(f"keyturn status: no credential named {missing} in {config.source}", file=sys.stderr)
+    credentials = selected_or_report(config, args.names, "status")
+    if credentials is None:
         return EXIT_ERROR
     from keyturn.commands.usage import consumer_counts  # noqa: PLC0415 - only when needed
     from keyturn.vault.open import open_vault_store  # noqa: PLC0415

@@ -22,7 +22,7 @@ import httpx
 
 from keyturn.clock import SystemClock, parse_rfc3339
 from keyturn.commands import add_config_argument, load_or_report
-from keyturn.commands.status import printable, select, when
+from keyturn.commands.status import printable, selected_or_report, when
 from keyturn.config import Config, MetricsSettings
 
 EXIT_OK = 0
@@ -53,10 +53,8 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    credentials, unknown = select(config, args.names)
-    if unknown:
-        missing = ", ".join(repr(name) for name in unknown)
-        print(f"keyturn usage: no credential named {missing} in {config.source}", file=sys.stderr)
+    credentials = selected_or_report(config, args.names, "usage")
+    if credentials is None:
         return EXIT_ERROR
     try:
         view = fetch_usage(config, [c.name for c in credentials] if args.names else None)
