@@ -61,10 +61,10 @@ log = get_logger("keyturn.daemon")
 def changed_credentials(old: Config, new: Config) -> set[str]:
     """Credentials present in both whose own settings, provider or rotator differ."""
     changed = set()
+    previous = {credential.name: credential for credential in old.credentials}
     for credential in new.credentials:
-        try:
-            before = old.credential(credential.name)
-        except KeyError:
+        before = previous.get(credential.name)
+        if before is None:
             continue
         if (
             before != credential
