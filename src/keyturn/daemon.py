@@ -474,6 +474,8 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         republish=republish,
         response=keyturn.on_external_change,
         interval=keyturn.watch_interval,
+        # A quarter of the Vault threads: the sweep never crowds out refreshes.
+        concurrency=max(1, keyturn.vault_concurrency // 4),
     )
 
 

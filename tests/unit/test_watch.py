@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from keyturn.clock import FakeClock
@@ -155,3 +157,63 @@ async def test_a_run_in_progress_is_judged_at_the_next_sweep(store: FakeVaultSto
     watcher, seen, _ = make(store, {"reporting": first}, in_progress=True)
     await watcher.sweep()
     assert seen == []
+
+
+async def test_a_sweep_reads_a_few_paths_at_a_time_and_checks_every_one() -> None:
+    class CountingStore(FakeVaultStore):
+        """Counts the metadata reads in flight at once (each yields to the loop once)."""
+
+        def __init__(self) -> None:
+            super().__init__(clock=FakeClock())
+            self.in_flight = self.most = 0
+            self.read_paths: list[str] = []
+
+        async def read_metadata(self, path: str, *, consistent: bool = False):  # type: ignore[no-untyped-def]
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await asyncio.sleep(0)
+            self.read_paths.append(path)
+            try:
+                return await super().read_metadata(path, consistent=consistent)
+            finally:
+                self.in_flight -= 1
+
+    store = CountingStore()
+    names = [f"c{i}" for i in range(10)]
+    known = {}
+    for name in names:
+        known[name] = await store.write(
+            f"apps/{name}/acme",
+            {"access_token": "t"},
+            cas=None,
+            custom_metadata={**OURS, "credential": name},
+        )
+
+    class Jobs:
+        def status_of(self, name: str) -> JobView | None:
+            state = CredentialState(token=TokenRecord(published_version=known[name]))
+            return JobView(name, "oauth_client", None, Outcome("fresh", 0.0, state), False)
+
+    seen: list[Event] = []
+
+    async def journal_version(name: str) -> tuple[int | None, bool]:
+        return known[name], False
+
+    async def republish(name: str) -> None:
+        raise AssertionError("nothing was changed")
+
+    watcher = PublishedWatcher(
+        lambda: [WatchTarget(name, "acme", f"apps/{name}/acme") for name in names],
+        store=store,
+        observer=seen.append,
+        jobs=Jobs(),
+        journal_version=journal_version,
+        republish=republish,
+        response="republish",
+        interval=300,
+        concurrency=3,
+    )
+    assert await watcher.sweep() == 300
+    assert store.most == 3
+    assert sorted(store.read_paths) == sorted(f"apps/{name}/acme" for name in names)
+    assert not [e for e in seen if isinstance(e, Suspicious)]
