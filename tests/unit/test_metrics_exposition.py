@@ -12,7 +12,17 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from keyturn.clock import FakeClock
 from keyturn.config import MetricsSettings
-from keyturn.events import Failed, Published, Restored, RotationPlanned, Scheduled, TokenRequest
+from keyturn.events import (
+    Failed,
+    Probed,
+    Published,
+    Restored,
+    RotationPlanned,
+    RotationStep,
+    Scheduled,
+    Suspicious,
+    TokenRequest,
+)
 from keyturn.observability.metrics import PrometheusObserver
 from keyturn.observability.server import MetricsServer
 
@@ -30,6 +40,11 @@ def observed() -> tuple[CollectorRegistry, PrometheusObserver]:
     observer(Failed("gamma", "acme", "oauth_client", RuntimeError("boom"), 3))
     observer(Restored("delta", "acme", "api_key", NOW - 50, NOW + 86_000, NOW - 50, 0))
     observer(RotationPlanned("delta", "acme", "api_key", NOW + 86_000))
+    observer(Probed("alpha", "acme", 200))
+    observer(RotationStep("delta", "acme", "api_key", "created"))
+    observer(Suspicious(None, None, "vault_token_expiring", "critical", "soon"))
+    observer(Suspicious("beta", 'we"ird\\pro\nvider', "refresh_token_rejected", "critical", "x"))
+    observer.sink_write("alpha", "written")
     observer.vault_token(NOW + 600, authenticated=True)
     observer.heartbeat()
     return registry, observer
@@ -56,6 +71,7 @@ def test_the_text_format_says_what_prometheus_client_would_say() -> None:
     assert 'provider="we\\"ird\\\\pro\\nvider"' in ours
     # Rendered once: each family's header appears a single time.
     assert ours.count("# TYPE keyturn_credential_ready gauge") == 1
+    assert ours.count("# TYPE keyturn_token_requests_total counter") == 1
 
 
 def test_openmetrics_ends_with_eof_and_parses_to_the_same_samples() -> None:
@@ -69,6 +85,7 @@ def test_openmetrics_ends_with_eof_and_parses_to_the_same_samples() -> None:
 
 def test_a_forgotten_credential_leaves_no_series() -> None:
     _registry, observer = observed()
+    assert 'keyturn_token_requests_total{credential="beta"' in observer.exposition().decode()
     observer.forget("beta")
     assert 'credential="beta"' not in observer.exposition().decode()
     assert 'credential="alpha"' in observer.exposition().decode()

@@ -19,7 +19,7 @@ from typing import Any
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
 
@@ -74,7 +74,13 @@ class _StateCollector(Collector):
         self._apart = threading.local()
 
     def describe(self) -> Iterable[Metric]:
-        return [_family(spec) for spec in _STATE_SPECS]
+        return [
+            *(_family(spec) for spec in _STATE_SPECS),
+            *(
+                CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+                for spec in _COUNTER_SPECS
+            ),
+        ]
 
     def collect(self) -> Iterable[Metric]:
         if getattr(self._apart, "on", False):
@@ -88,7 +94,13 @@ class _StateCollector(Collector):
                 families[spec.name].add_metric(labels, value)
         for spec, value in _process_rows(vault, heartbeat, now):
             families[spec.name].add_metric([], value)
-        return list(families.values())
+        counters = []
+        for spec, series in _counter_rows(self._observer.counts()):
+            family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+            for label_values, value in series:
+                family.add_metric(list(label_values), value)
+            counters.append(family)
+        return [*families.values(), *counters]
 
     @contextmanager
     def rendered_apart(self) -> Iterator[None]:
@@ -132,6 +144,14 @@ def _process_rows(
     return rows
 
 
+def _counter_rows(
+    counts: Mapping[str, Mapping[tuple[str, ...], float]],
+) -> Iterator[tuple[MetricSpec, list[tuple[tuple[str, ...], float]]]]:
+    """Each per-credential counter with its series, by label values."""
+    for spec in _COUNTER_SPECS:
+        yield spec, sorted(counts[spec.name].items())
+
+
 def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -143,6 +163,9 @@ def _escape_help(text: str) -> str:
 def _number(value: float) -> str:
     return repr(float(value))
 
+
+# Counters with a `credential` label: kept by the observer and rendered like the gauges.
+_COUNTER_SPECS = (c.TOKEN_REQUESTS, c.PROBE_REQUESTS, c.ROTATIONS, c.SUSPICIOUS, c.SINK_WRITES)
 
 _STATE_SPECS = (
     c.EXPIRY,
@@ -178,8 +201,8 @@ class PrometheusObserver:
         self._vault_token: tuple[float | None, bool] = (None, False)
         self._heartbeat: float | None = None
         self._heartbeat_monotonic: float | None = None
-        # Every (counter, label values) series of each credential, for `forget`.
-        self._series: dict[str, set[tuple[Counter, tuple[str, ...]]]] = {}
+        # Every (counter name, label values) series of each credential, for `forget`.
+        self._series: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
 
         def counter(spec: MetricSpec) -> Counter:
             return Counter(spec.name, spec.help, spec.labels, registry=registry)
@@ -189,13 +212,17 @@ class PrometheusObserver:
                 spec.name, spec.help, spec.labels, registry=registry, buckets=spec.buckets
             )
 
-        self._token_requests = counter(c.TOKEN_REQUESTS)
-        self._probes = counter(c.PROBE_REQUESTS)
-        self._rotations = counter(c.ROTATIONS)
+        # Per-credential counters are kept here, not in prometheus_client (see `exposition`).
+        self._token_requests = c.TOKEN_REQUESTS
+        self._probes = c.PROBE_REQUESTS
+        self._rotations = c.ROTATIONS
+        self._suspicious = c.SUSPICIOUS
+        self._sink_writes = c.SINK_WRITES
+        self._counts: dict[str, dict[tuple[str, ...], float]] = {
+            spec.name: {} for spec in _COUNTER_SPECS
+        }
         self._vault_operations = counter(c.VAULT_OPERATIONS_TOTAL)
-        self._suspicious = counter(c.SUSPICIOUS)
         self._alert_deliveries = counter(c.ALERT_DELIVERIES)
-        self._sink_writes = counter(c.SINK_WRITES)
         self._token_duration = histogram(c.TOKEN_REQUEST_DURATION)
         self._vault_duration = histogram(c.VAULT_OPERATION_DURATION)
         self._rotation_duration = histogram(c.ROTATION_DURATION)
@@ -303,10 +330,9 @@ class PrometheusObserver:
         """Drop every series of a credential that is no longer configured."""
         with self._lock:
             self._credentials.pop(credential, None)
-            series = self._series.pop(credential, set())
+            for name, labels in self._series.pop(credential, set()):
+                self._counts[name].pop(labels, None)
             self._label_texts = {k: v for k, v in self._label_texts.items() if k[0] != credential}
-        for metric, labels in series:
-            metric.remove(*labels)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -321,6 +347,11 @@ class PrometheusObserver:
         with self._lock:
             return dict(self._credentials), self._vault_token, self._heartbeat, self._clock.time()
 
+    def counts(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The per-credential counters: counter name -> label values -> count (a copy)."""
+        with self._lock:
+            return {name: dict(series) for name, series in self._counts.items()}
+
     def exposition(self, openmetrics: bool = False) -> bytes:
         """The registry in Prometheus' text format (or OpenMetrics), as prometheus_client
         renders it, except the per-credential gauges, which are written here: the library
@@ -329,14 +360,14 @@ class PrometheusObserver:
         made once."""
         with self._state.rendered_apart():
             body = (openmetrics_latest if openmetrics else generate_latest)(self._registry)
-        state = self._state_text()
+        state = self._state_text(openmetrics)
         if openmetrics:
             return body.removesuffix(b"# EOF\n") + state + b"# EOF\n"
         return body + state
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _state_text(self) -> bytes:
+    def _state_text(self, openmetrics: bool) -> bytes:
         credentials, vault, heartbeat, now = self.snapshot()
         lines: dict[str, list[str]] = {spec.name: [] for spec in _STATE_SPECS}
         for name, values in _state_rows(credentials, now):
@@ -350,6 +381,17 @@ class PrometheusObserver:
             out.append(f"# HELP {spec.name} {_escape_help(spec.help)}\n")
             out.append(f"# TYPE {spec.name} gauge\n")
             out.extend(lines[spec.name])
+        for spec, series in _counter_rows(self.counts()):
+            # OpenMetrics names the family without `_total`; the samples keep it.
+            family = spec.name.removesuffix("_total") if openmetrics else spec.name
+            out.append(f"# HELP {family} {_escape_help(spec.help)}\n")
+            out.append(f"# TYPE {family} counter\n")
+            for label_values, value in series:
+                text = ",".join(
+                    f'{label}="{_escape_label(v)}"'
+                    for label, v in zip(spec.labels, label_values, strict=True)
+                )
+                out.append(f"{spec.name}{{{text}}} {_number(value)}\n")
         return "".join(out).encode()
 
     def _label_text(self, name: str, m: CredentialMetrics) -> str:
@@ -393,7 +435,8 @@ class PrometheusObserver:
                 current, provider=provider, kind=bounded(kind, c.KINDS), **changes
             )
 
-    def _count(self, credential: str, metric: Counter, labels: tuple[str, ...]) -> None:
-        metric.labels(*labels).inc()
+    def _count(self, credential: str, spec: MetricSpec, labels: tuple[str, ...]) -> None:
         with self._lock:
-            self._series.setdefault(credential, set()).add((metric, labels))
+            counts = self._counts[spec.name]
+            counts[labels] = counts.get(labels, 0.0) + 1.0
+            self._series.setdefault(credential, set()).add((spec.name, labels))
