@@ -442,6 +442,9 @@ async def bench(
         cold_others = (all3 - all2) - cold_cpu - (bao3 - bao2) - (sb3 - sb2) - (me3 - me2)
         first = daemon.wait_for("first_runs_done")
         cold_rss = proc_status(daemon.pid, "VmHWM")
+        scrape_seconds, scrape_bytes, scrape_lines = await scrape_metrics(
+            started_event["metrics_url"]
+        )
         cold_tokens = await token_requests(admin) - tokens_before
         log(f"all {n} published {cold:.1f}s after spawn; first runs: {first['actions']}")
         rows += [
@@ -458,6 +461,11 @@ async def bench(
             ),
             ("token requests during cold start", f"{cold_tokens}"),
             ("peak RSS (VmHWM), cold start", f"{cold_rss / 2**20:.0f} MiB"),
+            (
+                "/metrics scrape after the cold start",
+                f"{scrape_seconds * 1000:.0f} ms (median of {SCRAPES}; "
+                f"{scrape_bytes / 1e6:.1f} MB, {scrape_lines} lines)",
+            ),
         ]
         daemon.stop()
         if args.cold_only:
@@ -576,6 +584,23 @@ def baseline_rows(
     return [*rows[:at], *ours, rows[at], ratio, *rows[at + 1 :]]
 
 
+SCRAPES = 5
+
+
+async def scrape_metrics(url: str) -> tuple[float, int, int]:
+    """GET /metrics of the running daemon `SCRAPES` times, as Prometheus would: the median
+    time of a whole response, and its size."""
+    times, body = [], b""
+    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+        for _ in range(SCRAPES):
+            started = time.perf_counter()
+            response = await client.get("/metrics")
+            times.append(time.perf_counter() - started)
+            body = response.content
+    times.sort()
+    return times[len(times) // 2], len(body), body.count(b"\n")
+
+
 def report(rows: list[tuple[str, str]], code: int) -> int:
     width = max(len(k) for k, _ in rows)
     print(f"\nkeyturn daemon at scale: {' '.join(sys.argv[1:]) or '(defaults)'}")
@@ -612,7 +637,13 @@ def child(config_path: Path) -> int:
         try:
             async with open_daemon(config) as daemon:
                 started = True
-                emit({"event": "started", "since_spawn": time.time() - spawned})
+                emit(
+                    {
+                        "event": "started",
+                        "since_spawn": time.time() - spawned,
+                        "metrics_url": daemon.server.url,
+                    }
+                )
                 scheduler = daemon.scheduler
                 loop.add_signal_handler(
                     signal.SIGUSR1,
