@@ -649,9 +649,19 @@ def child(config_path: Path) -> int:
                     signal.SIGUSR1,
                     lambda: emit({"event": "mark", "count": len(scheduler.lateness)}),
                 )
+                # Walk the credentials in order, only as far as the first whose first run has
+                # not ended: each poll costs next to nothing (scheduler.statuses() for 10,000
+                # credentials every 0.1 s would be the benchmark's own 15 % of a core).
+                names = [view.name for view in scheduler.statuses()]
+                done = 0
                 while not stop.is_set():
-                    statuses = scheduler.statuses()
-                    if all(s.last_outcome is not None for s in statuses):
+                    while done < len(names):
+                        view = scheduler.status_of(names[done])
+                        if view is not None and view.last_outcome is None:
+                            break
+                        done += 1
+                    if done == len(names):
+                        statuses = scheduler.statuses()
                         actions = Counter(s.last_outcome.action for s in statuses if s.last_outcome)
                         dues = [s.next_due for s in statuses if s.next_due is not None]
                         emit(
