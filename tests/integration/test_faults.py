@@ -723,10 +723,11 @@ def test_a_wall_clock_stepped_back_and_forward_is_held_steady(
     expiries computed from the right time, apps never read an expired or refused token, the
     heartbeat age is never negative, and refreshes stay on time (no 300 s sleep).
 
-    The guard checks once a second, so whether the refresh meets the forward step before the
-    guard does is a matter of timing; the measurements say which happened ("first publish
-    after the restore" before "guard's first check after the restore"). libfaketime makes the
-    daemon slower (every clock read goes through it), so its runs may start late."""
+    The guard checks once a second and libfaketime shows a step to the daemon within a second
+    (it re-reads its offset file once a second), so whether the refresh meets the forward step
+    before the guard does is a matter of timing; the measurements say which happened ("first
+    publish after the restore" before "guard's first check after the restore"). libfaketime
+    makes the daemon a little slower (every clock read goes through it)."""
     findings = Findings("wall clock stepped")
     clock = FakeWallClock(tmp_path / "faketime")
     wall_step, mono_step = clock.check()
