@@ -1,15 +1,15 @@
 """keyturn at scale: N OAuth credentials against a real OpenBao and the real sandbox.
 
     python bench/daemon_scale.py [--credentials 10000] [--lifetime S] [--steady 60]
-        [--concurrency 64] [--vault-concurrency 16] [--provider-connections C] [--probe]
-        [--cold-only] [--workdir DIR]
+        [--idle S] [--idle-delay S] [--concurrency 64] [--vault-concurrency 16]
+        [--provider-connections C] [--probe] [--cold-only] [--workdir DIR]
 
 Everything runs on loopback: `bao server -dev` (in-memory storage) and `keyturn sandbox`, as
 subprocesses. Setup registers N OAuth apps through the sandbox's admin API and stores each
 one's client_id/client_secret in Vault at `secret/keyturn/inputs/c<i>`; the configuration
 has one `[[credentials]]` per app, publishing to `secret/bench/apps/c<i>`, no probe unless
 `--probe`, Vault auth by `token_file`, log level "warning". One run prints (figures on
-stdout, progress on stderr):
+stdout, progress on stderr), after the machine's load average when it starts:
 
 1. cold start: seconds from spawning the daemon (config parsing, Vault login and all) until
    every credential's `publish_to` path exists in Vault (one KV `LIST` per second, every
@@ -21,20 +21,46 @@ stdout, progress on stderr):
    CPU time per credential of the daemon or script, OpenBao and the sandbox (from /proc)
    shows where the work goes;
 2. peak RSS of the daemon process (`VmHWM` from /proc: the daemon alone, not this harness);
-3. restart while every token is still valid: the daemon is stopped (SIGTERM) and started
-   again; the sandbox's token-endpoint count (`GET /admin/usage`) before and after every
-   credential's first run is done must not move (0, the one failing check);
-4. steady state on the restarted daemon: p50/p99/max lateness of scheduled runs (start of
+3. the cost of one change-detection sweep on the cold-started daemon once every first run is
+   done (so every credential has a published version to compare): the child builds the
+   watcher the daemon registers (`keyturn.daemon.published_watcher` over the daemon's own
+   runtime and scheduler) and runs its `sweep` once: wall seconds, the daemon's CPU seconds,
+   Vault calls per credential;
+4. restart while every token is still valid: the daemon is stopped (SIGTERM) and started
+   again; seconds from spawn until every credential is planned (it has an outcome, from a run
+   or from what the daemon knew at start, or a run planned after the scheduler started), and
+   how many runs it made by then; the sandbox's token-endpoint count (`GET /admin/usage`)
+   before and after must not move (0, the one failing check);
+5. idle, with `--idle S` (default 0: skipped): after the restart, once the daemon has made no
+   Vault call for 2 s (at most 60 s: a start-up sweep, say) and `--idle-delay` seconds
+   (default 0), the daemon's CPU over S seconds as a percentage of one core, with the Vault
+   calls, token requests and scheduled runs it made meanwhile; a warning line if a refresh
+   is due inside the window (the token lifetime is too short for S). The issue's figure is
+   `--idle 300` with one-hour tokens (`--lifetime 3600`); the steady phase is then skipped
+   (the first refresh is more than 600 s away), and says so;
+6. steady state on the restarted daemon: p50/p99/max lateness of scheduled runs (start of
    each run minus its planned time, `CredentialScheduler.lateness`) in a window of
-   `--steady` seconds that opens when the first refresh is due.
+   `--steady` seconds that opens when the first refresh is due (the earliest `next_due` the
+   credentials' records hold: a planned run may be something else, e.g. a check).
+
+Vault calls are the daemon's own count, `keyturn_vault_operations_total{operation,result}` on
+its /metrics, scraped at the start and end of each phase (a new process starts at 0): per
+credential for the cold start, the sweep and the restart; per scheduled run (a refresh, unless
+a check is due too) and per credential in the steady window; as counts in the idle window.
+Each is split by operation (results other than `success` after it). Token requests per phase
+are the sandbox's counts. Each phase also prints the 1-minute load average and the "other
+processes" on the machine (its busy time from /proc/stat minus the daemon's, OpenBao's, the
+sandbox's and this script's), in cores.
 
 The daemon is this script with `--child CONFIG`, which opens it with `open_daemon` as
 `keyturn run` does and reports progress and the lateness samples as JSON lines on stdout,
-so its RSS and CPU are its own. The token lifetime is set (through the sandbox's admin API)
-after the first baseline round to 10 times its duration, at least 200 s, so that the first
-refresh (at 0.56 of the lifetime, the earliest the default refresh policy plans) comes after
-the cold start and the restart on any machine; `--lifetime` fixes it instead. Speed is
-reported as ratios measured in one run, never as pass/fail timings.
+so its RSS and CPU are its own (the child's progress checks cost next to nothing: one
+credential's status every 0.1 s until every credential is planned, every second after that
+until every credential has an outcome, then nothing). The token lifetime is set (through the
+sandbox's admin API) after the first baseline round to 10 times its duration, at least 200 s,
+so that the first refresh (at 0.56 of the lifetime, the earliest the default refresh policy
+plans) comes after the cold start and the restart on any machine; `--lifetime` fixes it
+instead. Speed is reported as ratios measured in one run, never as pass/fail timings.
 """
 
 from __future__ import annotations
@@ -46,6 +72,7 @@ import json
 import math
 import os
 import queue
+import re
 import resource
 import signal
 import subprocess
@@ -54,7 +81,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -125,6 +152,77 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
+
+
+def load_average() -> float:
+    """The machine's 1-minute load average (/proc/loadavg): how busy the shared cores were."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+# -- Vault calls, from the daemon's /metrics ---------------------------------------------------
+
+VAULT_COUNTER = "keyturn_vault_operations_total"
+# Shown even at 0, so runs before and after a change line up; any other operation when used.
+ALWAYS_SHOWN = ("read", "write", "list", "read_metadata")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+Calls = dict[tuple[str, str], float]  # (operation, result) -> calls so far
+
+
+def vault_calls(exposition: str) -> Calls:
+    """The daemon's Vault calls so far by (operation, result), from its Prometheus text."""
+    calls: Calls = {}
+    prefix = VAULT_COUNTER + "{"
+    for line in exposition.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix) :].rpartition("}")
+        found = dict(_LABEL.findall(labels))
+        key = (found.get("operation", "?"), found.get("result", "?"))
+        calls[key] = calls.get(key, 0.0) + float(value.split()[0])
+    return calls
+
+
+def figure(value: float) -> str:
+    """A count or a ratio, short: 5, 0.5, 2.33, 0.001."""
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value)}"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.1f}"
+
+
+def calls_split(before: Mapping[tuple[str, str], float], after: Calls, per: float) -> str:
+    """Vault calls between two scrapes divided by `per`: the total, then by operation, then
+    any results other than success (e.g. `not_found`, `cas_conflict`)."""
+    if per <= 0:
+        return "n/a (nothing to divide by)"
+    by_operation: dict[str, float] = {}
+    by_result: dict[str, float] = {}
+    for key in after.keys() | before.keys():
+        delta = after.get(key, 0.0) - before.get(key, 0.0)
+        operation, result = key
+        by_operation[operation] = by_operation.get(operation, 0.0) + delta
+        by_result[result] = by_result.get(result, 0.0) + delta
+    shown = [
+        *ALWAYS_SHOWN,
+        *sorted(op for op, v in by_operation.items() if v and op not in ALWAYS_SHOWN),
+    ]
+    text = (
+        f"{figure(sum(by_operation.values()) / per)} ("
+        + ", ".join(f"{op} {figure(by_operation.get(op, 0.0) / per)}" for op in shown)
+        + ")"
+    )
+    others = [
+        f"{r} {figure(v / per)}" for r, v in sorted(by_result.items()) if v and r != "success"
+    ]
+    return text + (f"; results other than success: {', '.join(others)}" if others else "")
+
+
+async def scrape_vault_calls(url: str) -> Calls:
+    """One GET /metrics of the running daemon, reduced to its Vault call counts."""
+    async with httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+        response = await client.get("/metrics")
+        response.raise_for_status()
+    return vault_calls(response.text)
 
 
 class Vault:
@@ -354,6 +452,11 @@ async def wait_published(vault: Vault, count: int, daemon: Daemon, timeout: floa
 # -- the run ------------------------------------------------------------------------------
 
 
+def since(seconds: float) -> str:
+    """When something was due, relative to a window's opening."""
+    return f"{seconds:.0f} s after it opened" if seconds >= 0 else f"{-seconds:.0f} s before it"
+
+
 def ms_per(seconds: float, count: int) -> str:
     return f"{seconds * 1000 / count:.1f}"
 
@@ -384,9 +487,28 @@ async def bench(
             machine_busy(),
         )
 
+    def machine(
+        before: tuple[float, float, float, float],
+        after: tuple[float, float, float, float],
+        daemon_cpu: float,
+        seconds: float,
+    ) -> str:
+        """The rest of the machine over a phase: every process but the daemon, OpenBao, the
+        sandbox and this script, in cores; and the load average now."""
+        spent = [b - a for a, b in zip(before, after, strict=True)]
+        others = spent[3] - daemon_cpu - spent[0] - spent[1] - spent[2]
+        return (
+            f"other processes {max(0.0, others / seconds):.2f} cores, "
+            f"load average (1 min) {load_average():.2f}"
+        )
+
     daemons: list[Daemon] = []
     rows: list[tuple[str, str]] = [
         ("credentials", f"{n}"),
+        (
+            "machine at the start",
+            f"load average (1 min) {load_average():.2f}, {os.cpu_count()} cores",
+        ),
         ("max_concurrency / vault_concurrency", f"{args.concurrency} / {args.vault_concurrency}"),
         ("provider max_connections", f"{args.provider_connections or '100 (default)'}"),
         ("probe before publish", "yes" if args.probe else "no"),
@@ -413,7 +535,7 @@ async def bench(
             bao1, sb1, _, all1 = servers_cpu()
             log(f"baseline done in {seconds:.1f}s")
             others = (all1 - all0) - cpu - (bao1 - bao0) - (sb1 - sb0)
-            rounds.append((seconds, cpu, bao1 - bao0, sb1 - sb0, others))
+            rounds.append((seconds, cpu, bao1 - bao0, sb1 - sb0, others, load_average()))
             return rounds[-1]
 
         rounds: list[Round] = []
@@ -431,20 +553,114 @@ async def bench(
             lifetime = f"{args.lifetime} s (10 x baseline round 1, at least 200 s)"
         rows.insert(1, ("token lifetime (sandbox)", lifetime))
 
+        async def idle_phase(again: dict[str, Any], metrics_url: str) -> None:
+            """The restarted daemon with every token valid: its CPU, Vault calls and token
+            requests over `--idle` seconds, once its Vault calls have stopped (a start-up
+            sweep, say) and after `--idle-delay`."""
+            settle_started, still = time.perf_counter(), False
+            previous = await scrape_vault_calls(metrics_url)
+            first = previous
+            while not still and time.perf_counter() - settle_started < SETTLE_MAX:
+                await asyncio.sleep(SETTLE_STILL)
+                current = await scrape_vault_calls(metrics_url)
+                still, previous = current == previous, current
+            settle_calls = sum(previous.values()) - sum(first.values())
+            settled = time.perf_counter() - settle_started
+            if args.idle_delay > 0:
+                log(f"idle: waiting {args.idle_delay:g}s first (--idle-delay)")
+                await asyncio.sleep(args.idle_delay)
+            log(f"idle: {args.idle:g}s with every token valid")
+            now = time.time()
+            refresh_in, run_in = again["refresh_due_min"] - now, again["next_due_min"] - now
+            tokens_before = await token_requests(admin)
+            calls_before = await scrape_vault_calls(metrics_url)
+            daemon.signal(signal.SIGUSR1)
+            mark_a = daemon.wait_for("mark")
+            cpu_before, daemon_cpu = servers_cpu(), cpu_seconds(daemon.pid)
+            idle_started = time.perf_counter()
+            await asyncio.sleep(args.idle)
+            idle_seconds = time.perf_counter() - idle_started
+            daemon_cpu = cpu_seconds(daemon.pid) - daemon_cpu
+            cpu_after = servers_cpu()
+            daemon.signal(signal.SIGUSR1)
+            mark_b = daemon.wait_for("mark")
+            calls_after = await scrape_vault_calls(metrics_url)
+            idle_tokens = await token_requests(admin) - tokens_before
+            runs = mark_b["count"] - mark_a["count"]
+            rows.append(
+                (
+                    "idle: settle before the window",
+                    f"{settled:.1f} s until no Vault call for {SETTLE_STILL:g} s "
+                    f"({figure(settle_calls)} calls meanwhile)"
+                    if still
+                    else f"Vault calls did not stop within {SETTLE_MAX:g} s "
+                    f"({figure(settle_calls)} calls); the window opened anyway",
+                )
+            )
+            if refresh_in < args.idle:
+                rows.append(
+                    (
+                        "idle: WARNING",
+                        f"the first refresh was due {refresh_in:.0f} s after the window opened, "
+                        f"inside the {args.idle:g} s window: the figures below include "
+                        "refreshes (use a longer --lifetime or a shorter --idle)",
+                    )
+                )
+            rows.extend(
+                [
+                    (
+                        "idle: window",
+                        f"{idle_seconds:.0f} s, {settled + args.idle_delay:.0f} s after every "
+                        f"credential was planned; first refresh due {since(refresh_in)}, first "
+                        f"planned run {since(run_in)}; {runs} scheduled runs in it",
+                    ),
+                    (
+                        "idle: daemon CPU",
+                        f"{100 * daemon_cpu / idle_seconds:.2f} % of one core "
+                        f"({daemon_cpu:.2f} s); "
+                        f"{machine(cpu_before, cpu_after, daemon_cpu, idle_seconds)}",
+                    ),
+                    (
+                        "idle: Vault calls, token requests",
+                        f"{calls_split(calls_before, calls_after, 1)}; "
+                        f"{idle_tokens} token requests",
+                    ),
+                ]
+            )
+            if (
+                any(
+                    calls_after.get(key, 0.0) > calls_before.get(key, 0.0)
+                    for key in calls_after
+                    if key[0] == "read_metadata"
+                )
+                and not runs
+            ):
+                rows.append(
+                    (
+                        "idle: note",
+                        "a change-detection sweep ran in the window (every watch_interval, "
+                        "300 s by default): its reads are in the figures above",
+                    )
+                )
+
         log("keyturn cold start")
         tokens_before = await token_requests(admin)
-        bao2, sb2, me2, all2 = servers_cpu()
+        cpu_before = servers_cpu()
+        bao2, sb2, me2, all2 = cpu_before
         daemon = spawn(config)
         started_event = daemon.wait_for("started")
         cold = await wait_published(kv, n, daemon, DEADLINE_SLACK)
         bao3, sb3, me3, all3 = servers_cpu()
         cold_cpu = cpu_seconds(daemon.pid)
         cold_others = (all3 - all2) - cold_cpu - (bao3 - bao2) - (sb3 - sb2) - (me3 - me2)
+        cold_load = load_average()
         first = daemon.wait_for("first_runs_done")
+        metrics_url = started_event["metrics_url"]
+        # A new process counts from 0; after every first run has ended (the last writes after
+        # publishing included).
+        cold_calls = await scrape_vault_calls(metrics_url)
         cold_rss = proc_status(daemon.pid, "VmHWM")
-        scrape_seconds, scrape_bytes, scrape_lines = await scrape_metrics(
-            started_event["metrics_url"]
-        )
+        scrape_seconds, scrape_bytes, scrape_lines = await scrape_metrics(metrics_url)
         cold_tokens = await token_requests(admin) - tokens_before
         log(f"all {n} published {cold:.1f}s after spawn; first runs: {first['actions']}")
         rows += [
@@ -457,9 +673,16 @@ async def bench(
                 "CPU ms/credential, keyturn",
                 f"daemon {ms_per(cold_cpu, n)}, OpenBao {ms_per(bao3 - bao2, n)}, "
                 f"sandbox {ms_per(sb3 - sb2, n)}; other processes on the machine "
-                f"{max(0.0, cold_others / cold):.2f} cores",
+                f"{max(0.0, cold_others / cold):.2f} cores; load average (1 min) {cold_load:.2f}",
             ),
-            ("token requests during cold start", f"{cold_tokens}"),
+            (
+                "token requests during cold start",
+                f"{cold_tokens} ({figure(cold_tokens / n)} per credential)",
+            ),
+            (
+                "cold start: Vault calls per credential",
+                f"spawn -> every first run done: {calls_split({}, cold_calls, n)}",
+            ),
             ("peak RSS (VmHWM), cold start", f"{cold_rss / 2**20:.0f} MiB"),
             (
                 "/metrics scrape after the cold start",
@@ -467,35 +690,102 @@ async def bench(
                 f"{scrape_bytes / 1e6:.1f} MB, {scrape_lines} lines)",
             ),
         ]
+
+        log("one change-detection sweep on the cold-started daemon")
+        calls_before = await scrape_vault_calls(metrics_url)
+        cpu_before, daemon_cpu, t0 = servers_cpu(), cpu_seconds(daemon.pid), time.perf_counter()
+        daemon.signal(signal.SIGUSR2)
+        swept = daemon.wait_for("sweep_done")
+        cpu_after, elapsed = servers_cpu(), time.perf_counter() - t0
+        daemon_cpu = cpu_seconds(daemon.pid) - daemon_cpu
+        calls_after = await scrape_vault_calls(metrics_url)
+        if "error" in swept:
+            rows.append(("change-detection sweep", f"not measured: {swept['error']}"))
+        else:
+            rows += [
+                (
+                    "change-detection sweep (one, all paths)",
+                    f"{swept['seconds']:.2f} s, daemon CPU {swept['cpu']:.2f} s "
+                    f"({ms_per(swept['cpu'], n)} ms/credential); "
+                    f"{machine(cpu_before, cpu_after, daemon_cpu, elapsed)}",
+                ),
+                (
+                    "sweep: Vault calls per credential",
+                    calls_split(calls_before, calls_after, n),
+                ),
+            ]
         daemon.stop()
         if args.cold_only:
             return report(baseline_rows(rows, rounds, cold, n), 0)
 
         log("restart while every token is still valid")
         tokens_before = await token_requests(admin)
+        cpu_before = servers_cpu()
         daemon = spawn(config)
         restart_started = daemon.wait_for("started")
-        again = daemon.wait_for("first_runs_done")
+        metrics_url = restart_started["metrics_url"]
+        again = daemon.wait_for("all_planned")
         restart_seconds = time.perf_counter() - daemon.started
+        restart_cpu, cpu_after = cpu_seconds(daemon.pid), servers_cpu()
+        restart_calls = await scrape_vault_calls(metrics_url)
         restart_tokens = await token_requests(admin) - tokens_before
-        log(f"restart: first runs done in {restart_seconds:.1f}s: {again['actions']}")
+        log(
+            f"restart: every credential planned in {restart_seconds:.1f}s; "
+            f"{again['first_runs']} first runs done: {again['actions']}"
+        )
         rows += [
             (
+                "restart: spawn -> every credential planned",
+                f"{restart_seconds:.2f} s (daemon up after {restart_started['since_spawn']:.2f} s; "
+                f"{again['runs']} runs made by then for {n} credentials)",
+            ),
+            (
                 "restart: spawn -> all first runs done",
-                f"{restart_seconds:.2f} s (daemon up after {restart_started['since_spawn']:.2f} s)",
+                f"{restart_seconds:.2f} s (daemon up after {restart_started['since_spawn']:.2f} s)"
+                if again["runs"] >= n
+                else f"not waited for: {again['runs']} of {n} credentials had run when every "
+                "one was planned; the rest are planned from what the daemon knew at start and "
+                "run when due",
             ),
             (
                 "restart: first-run outcomes",
-                ", ".join(f"{k} {v}" for k, v in sorted(again["actions"].items())),
+                ", ".join(f"{k} {v}" for k, v in sorted(again["actions"].items())) or "none",
             ),
             ("restart: token requests (must be 0)", f"{restart_tokens}"),
+            (
+                "restart: Vault calls per credential",
+                f"spawn -> every credential planned: {calls_split({}, restart_calls, n)}",
+            ),
+            (
+                "restart: CPU",
+                f"daemon {restart_cpu:.2f} s ({ms_per(restart_cpu, n)} ms/credential); "
+                f"{machine(cpu_before, cpu_after, restart_cpu, restart_seconds)}",
+            ),
         ]
         if again["actions"].get("refreshed"):
             log("some tokens were already due at the restart: the lifetime is too short")
 
-        wait = again["next_due_min"] - time.time()
-        if wait > DEADLINE_SLACK:
+        first_refresh = again["refresh_due_min"]  # what the records plan, not a check run
+        if args.idle > 0:
+            await idle_phase(again, metrics_url)
+
+        wait = first_refresh - time.time()
+        if wait > DEADLINE_SLACK and not args.idle:
             raise RuntimeError(f"the first refresh is {wait:.0f}s away; use a shorter --lifetime")
+        if wait > DEADLINE_SLACK:
+            rows.append(
+                (
+                    "steady: skipped",
+                    f"the first refresh is due in {wait:.0f} s, more than {DEADLINE_SLACK:.0f} s "
+                    "away (token lifetime); a shorter --lifetime measures it",
+                )
+            )
+            steady_rss = proc_status(daemon.pid, "VmHWM")
+            daemon.stop()
+            if len(rounds) < 2:
+                await baseline_round()
+            rows.append(("peak RSS (VmHWM), restarted daemon", f"{steady_rss / 2**20:.0f} MiB"))
+            return report(baseline_rows(rows, rounds, cold, n), 0 if restart_tokens == 0 else 1)
         if wait > base_seconds + 10:
             # The second baseline round uses the idle time before the first refresh is due
             # (the restarted daemon sits idle); else it runs after the steady phase.
@@ -505,15 +795,21 @@ async def bench(
         # first due time. The window opens where, on that ramp, its mean rate is the long-run
         # rate N / (0.66 x lifetime): the load a daemon with this lifetime carries for good.
         offset = max(0.0, 0.3 * cold - args.steady / 2)
-        wait = max(0.0, again["next_due_min"] + offset - time.time())
+        wait = max(0.0, first_refresh + offset - time.time())
         log(f"steady state: window opens in {wait:.0f}s and lasts {args.steady:g}s")
         await asyncio.sleep(wait)
         tokens_before = await token_requests(admin)
         daemon.signal(signal.SIGUSR1)
         mark_a = daemon.wait_for("mark")
+        # Marks, then scrapes: the runs and the calls are counted over windows of the same
+        # length, shifted by one scrape's time.
+        calls_before = await scrape_vault_calls(metrics_url)
+        cpu_before, daemon_cpu = servers_cpu(), cpu_seconds(daemon.pid)
         await asyncio.sleep(args.steady)
         daemon.signal(signal.SIGUSR1)
         mark_b = daemon.wait_for("mark")
+        daemon_cpu = cpu_seconds(daemon.pid) - daemon_cpu
+        cpu_after, calls_after = servers_cpu(), await scrape_vault_calls(metrics_url)
         steady_tokens = await token_requests(admin) - tokens_before
         steady_rss = proc_status(daemon.pid, "VmHWM")
         final = daemon.stop()
@@ -544,6 +840,17 @@ async def bench(
                     )
                 ),
             ),
+            (
+                "steady: Vault calls per scheduled run",
+                calls_split(calls_before, calls_after, len(window)),
+            ),
+            ("steady: Vault calls per credential", calls_split(calls_before, calls_after, n)),
+            (
+                "steady: CPU",
+                f"daemon {100 * daemon_cpu / args.steady:.1f} % of one core "
+                f"({ms_per(daemon_cpu, max(1, len(window)))} ms/refresh); "
+                f"{machine(cpu_before, cpu_after, daemon_cpu, args.steady)}",
+            ),
             ("peak RSS (VmHWM), restarted daemon", f"{steady_rss / 2**20:.0f} MiB"),
         ]
         return report(baseline_rows(rows, rounds, cold, n), 0 if restart_tokens == 0 else 1)
@@ -557,8 +864,9 @@ async def bench(
 
 
 # One baseline round: seconds, then CPU seconds of the script, OpenBao, the sandbox and every
-# other process on the machine (noise: other load on the same cores).
-Round = tuple[float, float, float, float, float]
+# other process on the machine (noise: other load on the same cores), and the load average at
+# its end.
+Round = tuple[float, float, float, float, float, float]
 
 
 def baseline_rows(
@@ -574,9 +882,10 @@ def baseline_rows(
             f"baseline round {i}: token requests + KV writes",
             f"{seconds:.2f} s ({n / seconds:.0f} credentials/s; CPU ms/credential: script "
             f"{ms_per(cpu, n)}, OpenBao {ms_per(bao, n)}, sandbox {ms_per(sb, n)}; "
-            f"other processes {max(0.0, others / seconds):.2f} cores)",
+            f"other processes {max(0.0, others / seconds):.2f} cores; load average (1 min) "
+            f"{load:.2f})",
         )
-        for i, (seconds, cpu, bao, sb, others) in enumerate(rounds, 1)
+        for i, (seconds, cpu, bao, sb, others, load) in enumerate(rounds, 1)
     ]
     each = ", ".join(f"{cold / r[0]:.2f}" for r in rounds)
     ratio = ("ratio keyturn / baseline (mean)", f"{cold / mean:.2f} (per round: {each})")
@@ -585,6 +894,8 @@ def baseline_rows(
 
 
 SCRAPES = 5
+SETTLE_STILL = 2.0  # the idle window opens once the daemon made no Vault call for this long
+SETTLE_MAX = 60.0  # ... or after this, whatever it does
 
 
 async def scrape_metrics(url: str) -> tuple[float, int, int]:
@@ -634,13 +945,15 @@ def child(config_path: Path) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         started = False
+        tasks: set[asyncio.Task[None]] = set()
         try:
             async with open_daemon(config) as daemon:
                 started = True
+                opened = time.time()  # the scheduler planned every first run before this
                 emit(
                     {
                         "event": "started",
-                        "since_spawn": time.time() - spawned,
+                        "since_spawn": opened - spawned,
                         "metrics_url": daemon.server.url,
                     }
                 )
@@ -649,33 +962,71 @@ def child(config_path: Path) -> int:
                     signal.SIGUSR1,
                     lambda: emit({"event": "mark", "count": len(scheduler.lateness)}),
                 )
-                # Walk the credentials in order, only as far as the first whose first run has
-                # not ended: each poll costs next to nothing (scheduler.statuses() for 10,000
-                # credentials every 0.1 s would be the benchmark's own 15 % of a core).
+
+                def sweep() -> None:
+                    task = asyncio.ensure_future(sweep_once(daemon))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+
+                loop.add_signal_handler(signal.SIGUSR2, sweep)
+
+                def planned(view: Any) -> bool:
+                    """Its first run has ended, or it has a run planned after the start (a
+                    daemon that plans from what Vault holds need not run it at once)."""
+                    return view.last_outcome is not None or (
+                        view.next_due is not None and view.next_due > opened
+                    )
+
+                def summary(event: str) -> None:
+                    statuses = scheduler.statuses()
+                    actions = Counter(s.last_outcome.action for s in statuses if s.last_outcome)
+                    dues = [s.next_due for s in statuses if s.next_due is not None]
+                    # The refresh each record plans (drawn at its last success): a planned run
+                    # may be something else (a restored credential's check, a retry).
+                    refreshes = [
+                        s.state.token.next_due
+                        for s in statuses
+                        if s.state is not None and s.state.token.next_due is not None
+                    ]
+                    emit(
+                        {
+                            "event": event,
+                            "since_spawn": time.time() - spawned,
+                            "actions": dict(actions),
+                            "first_runs": sum(actions.values()),
+                            "runs": len(scheduler.lateness),  # scheduled runs started so far
+                            "next_due_min": min(dues),
+                            "next_due_max": max(dues),
+                            "refresh_due_min": min(refreshes, default=min(dues)),
+                        }
+                    )
+
+                # Walk the credentials in order, only as far as the first not yet planned (then
+                # not yet run): each poll costs next to nothing (scheduler.statuses() for
+                # 10,000 credentials every 0.1 s would be the benchmark's own 15 % of a core).
                 names = [view.name for view in scheduler.statuses()]
-                done = 0
+                planned_count = done = 0
                 while not stop.is_set():
+                    all_planned = planned_count == len(names)
+                    while planned_count < len(names):
+                        view = scheduler.status_of(names[planned_count])
+                        if view is not None and not planned(view):
+                            break
+                        planned_count += 1
                     while done < len(names):
                         view = scheduler.status_of(names[done])
                         if view is not None and view.last_outcome is None:
                             break
                         done += 1
+                    if not all_planned and planned_count == len(names):
+                        summary("all_planned")
                     if done == len(names):
-                        statuses = scheduler.statuses()
-                        actions = Counter(s.last_outcome.action for s in statuses if s.last_outcome)
-                        dues = [s.next_due for s in statuses if s.next_due is not None]
-                        emit(
-                            {
-                                "event": "first_runs_done",
-                                "since_spawn": time.time() - spawned,
-                                "actions": dict(actions),
-                                "next_due_min": min(dues),
-                                "next_due_max": max(dues),
-                            }
-                        )
+                        summary("first_runs_done")
                         break
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=0.1)
+                        # Once all are planned, runs still to come may be far off: poll slowly.
+                        delay = 1.0 if planned_count == len(names) else 0.1
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
                 await stop.wait()  # leaving the block drains in-flight runs, as `keyturn run`
         except Exception as error:
             if started:
@@ -696,6 +1047,23 @@ def child(config_path: Path) -> int:
     return asyncio.run(main())
 
 
+async def sweep_once(daemon: Any) -> None:
+    """One change-detection sweep, as the daemon's periodic "watch" job runs it: the watcher
+    `open_daemon` registers, built the same way over this daemon's runtime and scheduler (the
+    registered one is not reachable from outside). Reports its wall and CPU seconds."""
+    try:
+        from keyturn.daemon import published_watcher  # noqa: PLC0415
+
+        watcher = published_watcher(daemon.runtime, daemon.scheduler)
+        cpu, started = time.process_time(), time.perf_counter()
+        await watcher.sweep()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    except Exception as error:  # a changed watcher API: reported, the run goes on
+        emit({"event": "sweep_done", "error": repr(error)})
+        return
+    emit({"event": "sweep_done", "seconds": seconds, "cpu": cpu})
+
+
 # -- entry ----------------------------------------------------------------------------------
 
 
@@ -709,6 +1077,20 @@ def main() -> int:
         help="access token lifetime in seconds (default: 10 x the first baseline round, >= 200)",
     )
     parser.add_argument("--steady", type=float, default=60.0, help="steady window (s)")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="idle window after the restart (s; 0: skipped; the issue's figure: 300, with "
+        "--lifetime 3600)",
+    )
+    parser.add_argument(
+        "--idle-delay",
+        type=float,
+        default=0.0,
+        help="seconds between the restart (every credential planned, Vault calls stopped) and "
+        "the idle window",
+    )
     parser.add_argument(
         "--concurrency",
         type=int,

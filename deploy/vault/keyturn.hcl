@@ -7,8 +7,8 @@
 #   bao policy write keyturn deploy/vault/keyturn.hcl     (or: vault policy write …)
 #
 # It grants exactly what keyturn uses (src/keyturn/commands/check.py, required_capabilities,
-# and the mount check of src/keyturn/vault/mounts.py), and nothing else: no delete, no list,
-# no sudo, nothing outside these paths.
+# and the mount check of src/keyturn/vault/mounts.py), and nothing else: no delete, no sudo,
+# one list (the state prefix), nothing outside these paths.
 # docs: deploy/vault/README.md, docs/vault.md.
 
 # The inputs keyturn reads through `vault:` references: client ids and secrets, a rotator's
@@ -23,6 +23,12 @@ path "secret/data/keyturn/inputs/*" {
 # credential. No app's policy may grant anything here.
 path "secret/data/keyturn/state/*" {
   capabilities = ["create", "update", "read"]
+}
+
+# The names of those records, listed once when the daemon starts, so that a credential with
+# no record yet is created without a read first (without it every first run reads).
+path "secret/metadata/keyturn/state/" {
+  capabilities = ["list"]
 }
 
 # What apps read (each credential's publish_to). keyturn writes new versions with

@@ -30,8 +30,15 @@ from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
-from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
-from keyturn.jobs.job import Checkpoint, no_checkpoint
+from keyturn.events import (
+    LoggingObserver,
+    Observer,
+    Observers,
+    Restored,
+    Scheduled,
+    Suspicious,
+)
+from keyturn.jobs.job import Checkpoint, Outcome, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
@@ -44,6 +51,7 @@ from keyturn.observability import (
 from keyturn.observability.server import UsageView
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Context, Runtime, running, vault_store
+from keyturn.saved_plan import SAVE_INTERVAL, PlanStore
 from keyturn.scheduler import CredentialScheduler
 from keyturn.sinks import SinkManager
 from keyturn.state import CredentialState
@@ -143,6 +151,56 @@ async def background(*periodic: Periodic) -> AsyncIterator[None]:
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanKeeper:
+    """The daemon's saved plan (`keyturn.saved_plan`): restored before the first runs, saved
+    while runs finish and once more after the drain."""
+
+    plans: PlanStore
+    runtime: Runtime
+    scheduler: CredentialScheduler
+
+    async def restore(self, clock: Clock, rng: random.Random) -> dict[str, tuple[Outcome, float]]:
+        """The saved plan's credentials as outcomes for the scheduler's start, told to the
+        observers as a first run's read of the record would."""
+        runtime = self.runtime
+        restored = await self.plans.restore(runtime.config, now=clock.time(), rng=rng)
+        outcomes: dict[str, tuple[Outcome, float]] = {}
+        for name, plan in restored.items():
+            job = runtime.jobs[name]
+            token = plan.state.token
+            runtime.observers(
+                Restored(
+                    name,
+                    job.provider,
+                    job.kind,
+                    token.issued_at,
+                    token.expires_at,
+                    token.last_success,
+                    token.consecutive_failures,
+                )
+            )
+            runtime.observers(Scheduled(name, job.provider, job.kind, plan.due))
+            consumers = runtime.context.consumers
+            if consumers is not None and token.published_version is not None:
+                consumers.published(name, token.published_version)
+            outcomes[name] = (Outcome("restored", plan.due, plan.state), plan.finished_at)
+        log.info("plan.restored", credentials=len(outcomes), configured=len(runtime.jobs))
+        return outcomes
+
+    async def save(self) -> None:
+        await self.plans.save(
+            self.runtime.config, self.scheduler.statuses(), runs=self.scheduler.runs_finished
+        )
+
+    async def save_at_stop(self) -> None:
+        """After the drain: the next start plans from it without a read per credential."""
+        try:
+            await self.save()
+        except KeyturnError as error:
+            log.warning("plan.not_saved", error=str(error))
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +357,19 @@ async def open_daemon(
                 daemon = Daemon(runtime, scheduler, metrics, sinks, server, notifier, usage)
                 await dispatcher.start()
                 await server.start()
-                loops: list[Periodic] = [(VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler))]
+                plans = PlanKeeper(
+                    PlanStore(
+                        store,
+                        state_prefix=config.keyturn.state_prefix,
+                        instance_id=context.instance_id or config.keyturn.instance_id,
+                    ),
+                    runtime,
+                    scheduler,
+                )
+                loops: list[Periodic] = [
+                    (VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler)),
+                    (SAVE_INTERVAL, plans.save),
+                ]
                 if isinstance(clock, SystemClock):
                     guard = WallClockGuard(
                         clock,
@@ -308,9 +378,10 @@ async def open_daemon(
                     )
                     loops.append((CLOCK_CHECK_SECONDS, guard.check))
                 try:
+                    await runtime.list_records()  # which first runs need no read
                     metrics.heartbeat()
                     sinks.start()
-                    scheduler.start()
+                    scheduler.start(await plans.restore(clock, rng))
                     log.info(
                         "daemon.started",
                         instance=config.keyturn.instance_id,
@@ -323,6 +394,7 @@ async def open_daemon(
                     notifier.stopping(status="stopping: letting in-flight runs finish")
                     log.info("daemon.stopping")
                     drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
+                    await plans.save_at_stop()
                     log.info("daemon.stopped", drained=drained)
                 finally:
                     # After the drain, so a value the last runs published still reaches its files.

@@ -137,9 +137,7 @@ def _parse_vault(rest: str) -> SecretRef:
 class VaultFieldReader(Protocol):
     """Reads fields of a KV v2 secret; implemented by keyturn's Vault store."""
 
-    async def read_fields(
-        self, mount: str, path: str, fields: Sequence[str]
-    ) -> dict[str, Secret]:
+    async def read_fields(self, mount: str, path: str, fields: Sequence[str]) -> dict[str, Secret]:
         """The fields' values, in one read; raises a `KeyturnError` naming the reference if one
         cannot be read."""
         ...

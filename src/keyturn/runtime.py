@@ -13,14 +13,18 @@ from dataclasses import dataclass
 
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config
+from keyturn.errors import KeyturnError
 from keyturn.events import LoggingObserver, Observer, Observers
 from keyturn.jobs.build import JobSet, build_jobs, lease_seconds
 from keyturn.jobs.job import Checkpoint, ConsumerHooks, CredentialJob, JobDeps, no_checkpoint
 from keyturn.jobs.rotation import KeyRotation
+from keyturn.logs import get_logger
 from keyturn.references import ReferenceResolver
 from keyturn.vault.client import OnOperation
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
+
+log = get_logger("keyturn.runtime")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,22 @@ class Runtime:
     @property
     def jobs(self) -> dict[str, CredentialJob]:
         return self._current.jobs
+
+    async def list_records(self) -> int | None:
+        """One KV LIST of the state prefix before the first runs: a credential with no record
+        starts without reading a 404 (see `CredentialJob.assume_absent`). Returns how many
+        jobs were told so; None when the LIST is refused or fails (a policy without `list` on
+        the prefix): each first run then reads its record, as before."""
+        prefix = self.config.keyturn.state_prefix
+        try:
+            present = set(await self.store.list_keys(prefix, consistent=True))
+        except KeyturnError as error:
+            log.info("state.list_unavailable", prefix=prefix, error=str(error))
+            return None
+        absent = [job for name, job in self.jobs.items() if name not in present]
+        for job in absent:
+            job.assume_absent()
+        return len(absent)
 
     def rotation(self, name: str) -> KeyRotation | None:
         """The rotation task of credential `name`, if it has one."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -46,6 +46,7 @@ class _JobStatus:
     last_outcome: Outcome | None = None
     running: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    finished_at: float | None = None  # when `last_outcome`'s run ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class JobView:
     next_due: float | None
     last_outcome: Outcome | None
     running: bool
+    finished_at: float | None = None  # when the last run ended
 
     @property
     def state(self) -> CredentialState | None:
@@ -95,23 +97,39 @@ class CredentialScheduler:
         # Credentials whose last run failed on Vault (down, sealed, token refused): they run
         # again as soon as Vault answers (`wake`), not when their backoff ends.
         self.waiting_for_vault: set[str] = set()
+        self.runs_finished = 0  # (the saved plan is written again only when this moved)
 
     def status_of(self, name: str) -> JobView | None:
         """What the scheduler knows about credential `name` now (None: not configured)."""
         job, status = self._jobs.get(name), self._status.get(name)
         if job is None or status is None:
             return None
-        return JobView(name, job.kind, status.next_due, status.last_outcome, status.running)
+        return JobView(
+            name,
+            job.kind,
+            status.next_due,
+            status.last_outcome,
+            status.running,
+            status.finished_at,
+        )
 
     def statuses(self) -> list[JobView]:
         """`status_of` for every configured credential, in configuration order."""
         return [view for name in self._jobs if (view := self.status_of(name)) is not None]
 
-    def start(self) -> None:
-        """Plan every credential's first run now (it decides itself whether work is due)."""
+    def start(self, restored: Mapping[str, tuple[Outcome, float]] | None = None) -> None:
+        """Plan every credential's first run now (it decides itself whether work is due), or,
+        for those in `restored` (from a saved plan, `keyturn.saved_plan`: the outcome and when
+        its run ended), at the saved time, with that outcome as what is known of it until
+        then."""
         now = self._clock.time()
+        restored = restored or {}
         for name in self._jobs:
-            self._plan(name, now)
+            saved = restored.get(name)
+            if saved is not None:
+                status = self._status[name]
+                status.last_outcome, status.finished_at = saved
+            self._plan(name, saved[0].next_due if saved is not None else now)
         for name in self._periodic:
             self._plan_periodic(name, now)
         self._scheduler.start()
@@ -243,7 +261,8 @@ class CredentialScheduler:
                 outcome = Outcome("failed", self._clock.time() + 30.0, failing)
             finally:
                 status.running = False
-            status.last_outcome = outcome
+            status.last_outcome, status.finished_at = outcome, self._clock.time()
+            self.runs_finished += 1
             if isinstance(outcome.error, (VaultUnavailable, VaultAuthError)):
                 self.waiting_for_vault.add(name)
             else:

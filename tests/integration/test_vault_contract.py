@@ -251,6 +251,19 @@ async def test_delete_all_removes_every_version_and_the_metadata(backend: Backen
     await backend.store.delete_all(backend.path("never-written"))  # no error
 
 
+async def test_list_keys_names_what_is_directly_under_a_prefix(backend: Backend) -> None:
+    assert await backend.store.list_keys(backend.path("listed")) == []  # nothing there yet
+    for name in ("b", "a", "sub/c"):
+        await backend.store.write(backend.path(f"listed/{name}"), {"v": name}, cas=0)
+    assert await backend.store.list_keys(backend.path("listed"), consistent=True) == [
+        "a",
+        "b",
+        "sub/",
+    ]
+    await backend.store.delete_all(backend.path("listed/b"))
+    assert await backend.store.list_keys(backend.path("listed")) == ["a", "sub/"]
+
+
 async def test_read_fields_returns_secrets(backend: Backend) -> None:
     path = backend.path("inputs")
     await backend.store.write(path, {"client_id": "cid-1", "client_secret": "cs-1"}, cas=0)

@@ -140,7 +140,8 @@ def test_a_missing_mount_is_told_apart_from_a_denied_one_with_a_least_privilege_
     ]
     under_mount = [
         f'path "{mount}/data/{namespace}/*" {{ capabilities = ["create", "update", "read"] }}',
-        f'path "{mount}/metadata/{namespace}/*" {{ capabilities = ["create", "update", "read"] }}',
+        f'path "{mount}/metadata/{namespace}/*" '
+        '{ capabilities = ["create", "update", "read", "list"] }',
     ]
     policy = "\n".join(inputs_and_self + under_mount)
     use_token(deployment, policy_token(policy))
@@ -245,7 +246,8 @@ def approle(
     environment to run keyturn with, and the auth mount."""
     mount, policy = f"approle-{suffix()}", f"first-run-{suffix()}"
     root.sys.create_or_update_policy(
-        name=policy, policy='path "secret/*" { capabilities = ["create", "update", "read"] }'
+        name=policy,
+        policy='path "secret/*" { capabilities = ["create", "update", "read", "list"] }',
     )
     root.sys.enable_auth_method("approle", path=mount)
     root.write(f"auth/{mount}/role/keyturn", token_policies=policy, **role)

@@ -334,16 +334,52 @@ async def test_a_rate_limited_refresh_keeps_its_token(world: World) -> None:
 
 
 async def test_a_lagging_vault_node_never_makes_a_refresh_token_be_sent_twice() -> None:
-    world, job = await refresh_token_world()
+    world, _job = await refresh_token_world()
     world.store.stale_by = 2  # plain reads answer from a copy two versions behind
     before = len(world.store.reads)
     for _ in range(4):
+        job = world.job()  # a new process each time: it starts by reading the record
         outcome = await job.run(force=True)
         assert outcome.action == "refreshed", outcome.error
     assert world.server.reuse == 0
     assert world.server.grants.count("refresh_token") == 4
-    job_reads = world.store.reads[before:]
-    assert job_reads and all(consistent for _op, path, consistent in job_reads if path == STATE)
+    job_reads = [(path, consistent) for _op, path, consistent in world.store.reads[before:]]
+    assert len([path for path, _ in job_reads if path == STATE]) == 4
+    assert all(consistent for path, consistent in job_reads if path == STATE)
+
+
+async def test_a_job_starts_from_its_own_copy_and_reads_when_another_writer_moved_on() -> None:
+    """A run starts from the record this process last wrote, without a read; when another
+    instance refreshed since, the lease write's check-and-set fails, the run reads the record
+    and starts again from it: the refresh token goes out once per rotation, never twice."""
+    world, job = await refresh_token_world()
+    other = world.job()  # another instance working on the same record
+    before = len(world.store.reads)
+    assert (await job.run(force=True)).action == "refreshed"
+    assert [path for _op, path, _c in world.store.reads[before:] if path == STATE] == []
+    assert (await other.run(force=True)).action == "refreshed"  # reads: a new process
+    before = len(world.store.reads)
+    assert (await job.run(force=True)).action == "refreshed"
+    assert [path for _op, path, _c in world.store.reads[before:] if path == STATE] == [STATE]
+    assert world.server.reuse == 0
+    assert world.server.grants.count("refresh_token") == 3
+
+
+async def test_a_first_run_told_there_is_no_record_creates_it_without_reading() -> None:
+    """After the daemon's LIST of the state prefix: no read of a 404, one create (CAS 0);
+    when another instance created the record in between, the create fails and the run reads
+    it and goes on from it (its refresh token is not presented twice)."""
+    world = World()
+    job = world.job()
+    job.assume_absent()
+    assert (await job.run()).action == "refreshed"
+    assert [path for _op, path, _c in world.store.reads if path == STATE] == []
+    late = world.job()
+    late.assume_absent()  # listed before the first job created the record
+    outcome = await late.run(force=True)
+    assert outcome.action == "refreshed", outcome.error
+    assert [path for _op, path, _c in world.store.reads if path == STATE] == [STATE]
+    assert world.server.reuse == 0
 
 
 # -- 4. the lease is short and renewed -----------------------------------------------------------

@@ -3,6 +3,8 @@ credentials): what Prometheus parses must be exactly what the library would have
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import (
@@ -118,3 +120,107 @@ async def test_the_server_serves_the_observer_s_exposition_in_either_format() ->
 
 async def ready() -> tuple[bool, list[str]]:
     return True, []
+
+
+# -- the lines are made as events come: a scrape must still show the latest of everything -------
+
+EXPIRY = "keyturn_credential_expiry_timestamp_seconds"
+
+
+def credential_order(text: str, family: str) -> list[str]:
+    return [
+        line.split('credential="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith(family + "{")
+    ]
+
+
+def test_a_value_changed_after_a_scrape_shows_in_the_next_one() -> None:
+    registry, observer = observed()
+    before = observer.exposition().decode()
+    observer(Published("alpha", "acme", "oauth_client", NOW + 1, NOW + 7200))
+    observer(Failed("alpha", "acme", "oauth_client", RuntimeError("boom"), 2))
+    observer(TokenRequest("alpha", "acme", "client_credentials", "success", 0.02))
+    observer(Scheduled("gamma", "elsewhere", "oauth_client", NOW + 60))  # a new provider label
+    observer(Published("epsilon", "acme", "oauth_client", NOW, NOW + 60))  # a new credential
+    observer.sink_write("alpha", "written")
+    text = observer.exposition().decode()
+    assert text != before
+    ours = samples(parse_text(text))
+    assert ours == samples(parse_text(generate_latest(registry).decode()))
+    alpha = (("credential", "alpha"), ("kind", "oauth_client"), ("provider", "acme"))
+    assert ours[(EXPIRY, alpha)] == NOW + 7200
+    assert ours[("keyturn_credential_consecutive_failures", alpha)] == 2
+    requests = (
+        ("credential", "alpha"),
+        ("grant_type", "client_credentials"),
+        ("outcome", "success"),
+        ("provider", "acme"),
+    )
+    assert ours[("keyturn_token_requests_total", requests)] == 2
+    assert (
+        ours[("keyturn_sink_writes_total", (("credential", "alpha"), ("result", "written")))] == 2
+    )
+    assert f'{EXPIRY}{{credential="gamma",provider="elsewhere",kind="oauth_client"}}' in text
+    assert f'{EXPIRY}{{credential="gamma",provider="acme"' not in text
+    assert credential_order(text, EXPIRY) == ["alpha", "beta", "delta", "epsilon", "gamma"]
+
+
+def test_ready_follows_the_clock_with_no_event_between_scrapes() -> None:
+    clock = FakeClock(NOW)
+    observer = PrometheusObserver(CollectorRegistry(), clock)
+    observer(Published("alpha", "acme", "oauth_client", NOW, NOW + 60))
+    line = 'keyturn_credential_ready{credential="alpha",provider="acme",kind="oauth_client"}'
+    assert f"{line} 1.0\n" in observer.exposition().decode()
+    clock.advance(61)
+    assert f"{line} 0.0\n" in observer.exposition().decode()
+
+
+def test_a_forgotten_credential_that_comes_back_starts_afresh() -> None:
+    registry, observer = observed()
+    observer.exposition()
+    observer.forget("beta")
+    observer(Scheduled("beta", "acme", "oauth_client", NOW + 30))
+    text = observer.exposition().decode()
+    assert samples(parse_text(text)) == samples(parse_text(generate_latest(registry).decode()))
+    beta = [line for line in text.splitlines() if 'credential="beta"' in line]
+    assert beta == [
+        'keyturn_credential_next_scheduled_timestamp_seconds{credential="beta",provider="acme",'
+        f'kind="oauth_client"}} {NOW + 30!r}',
+        'keyturn_credential_ready{credential="beta",provider="acme",kind="oauth_client"} 0.0',
+        'keyturn_credential_consecutive_failures{credential="beta",provider="acme",'
+        'kind="oauth_client"} 0.0',
+    ]
+    assert credential_order(text, "keyturn_credential_ready") == ["alpha", "beta", "delta", "gamma"]
+
+
+def test_scrapes_from_another_thread_while_events_arrive() -> None:
+    """The server renders off the event loop: no 'dictionary changed size' mid-scrape, and
+    what it renders parses."""
+    _registry, observer = observed()
+    errors: list[BaseException] = []
+    scraped: list[bytes] = []
+    done = threading.Event()
+
+    def scrape() -> None:
+        try:
+            while not done.is_set():
+                scraped.append(observer.exposition(openmetrics=True))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    try:
+        for i in range(3000):
+            name = f"c{i % 300}"
+            observer(Published(name, "acme", "oauth_client", NOW, NOW + 60))
+            observer(TokenRequest(name, "acme", "client_credentials", "success", 0.1))
+            if i % 7 == 0:
+                observer.forget(name)
+    finally:
+        done.set()
+        thread.join()
+    assert errors == []
+    for text in scraped[-3:]:
+        list(parse_openmetrics(text.decode()))

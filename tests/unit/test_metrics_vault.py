@@ -201,7 +201,7 @@ async def test_a_rejected_approle_login_is_an_auth_error() -> None:
 
 def test_words_are_the_documented_ones() -> None:
     assert set(VAULT_OPERATIONS) == {
-        "read", "write", "read_metadata", "delete", "read_field", "capabilities",
+        "read", "write", "read_metadata", "list", "delete", "read_field", "capabilities",
         "login", "renew", "lookup",
     }  # fmt: skip
     assert set(VAULT_RESULTS) == {

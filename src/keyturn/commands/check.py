@@ -112,6 +112,8 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
         needed[f"{mount}/metadata/{credential.publish_to}"] |= {"create", "update", "read"}
         private = state_path(config.keyturn.state_prefix, credential.name)
         needed[f"{mount}/data/{private}"] |= {"create", "update", "read"}
+    # One LIST at the daemon's start finds the credentials that have no record yet.
+    needed[f"{mount}/metadata/{config.keyturn.state_prefix.strip('/')}/"] |= {"list"}
     return needed
 
 

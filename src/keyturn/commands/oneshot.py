@@ -16,6 +16,7 @@ from keyturn.commands import add_config_argument
 from keyturn.config import Config
 from keyturn.jobs.job import Journal, Outcome
 from keyturn.runtime import Runtime, open_runtime
+from keyturn.saved_plan import touch
 
 
 def add_credential_arguments(parser: argparse.ArgumentParser, name_help: str) -> None:
@@ -56,5 +57,9 @@ async def run_once(
         while True:
             outcome = await job.run(force=force, prepare=hook)
             if outcome.action != "lease_held" or clock.monotonic() >= deadline:
-                return outcome
+                break
             await clock.sleep(min(1.0, max(0.1, outcome.next_due - clock.time())))
+        if outcome.action != "lease_held":  # the record may have changed: a restarting
+            # daemon reads it at once rather than trust its saved plan
+            await touch(runtime.store, config.keyturn.state_prefix, name, clock.time())
+        return outcome

@@ -1,7 +1,10 @@
 """One credential's job: the lease, the journal record, and the tasks that move it forward.
 
 Every credential has one private state record in Vault (`keyturn.state.CredentialState`), written
-with check-and-set. A job run reads it, asks each task when it is next due, and if any task is
+with check-and-set. A job run starts from it (read from Vault, or, when by this process's copy
+of what it last wrote some task is due, that copy: the check-and-set of the first write proves
+it current, else the run reads and starts again), asks each task when it is next due, and if
+any task is
 due now takes the lease (a CAS write naming this instance) and runs the due tasks in order
 (refresh before rotation, so a slow rotator never delays a token that is due). Each
 task saves its progress through the same record, so a crash between any two steps resumes
@@ -290,6 +293,18 @@ class CredentialJob:
         # released), and the last state read, whose token bounds the retry delay.
         self._job_failures = 0
         self._last_state = CredentialState()
+        # The record as this process last wrote or read it (state, KV version): the next run
+        # starts from it instead of reading Vault. A write by anyone else since makes that
+        # run's first check-and-set write fail; the run then reads the record and decides
+        # again. None: the next run reads first.
+        self._record: tuple[CredentialState, int] | None = None
+
+    def assume_absent(self) -> None:
+        """The daemon's start listed the state prefix and found no record for this credential:
+        its first run creates one (check-and-set 0) without reading a 404 first. Another
+        writer in between fails that write, and the run reads."""
+        if self._record is None:
+            self._record = (CredentialState(), 0)
 
     def task(self, name: str) -> Task | None:
         return next((t for t in self.tasks if t.name == name), None)
@@ -319,15 +334,42 @@ class CredentialJob:
         self, force: bool | Collection[str], prepare: Callable[[Journal], None] | None
     ) -> Outcome:
         forced = {t.name for t in self.tasks} if force is True else set(force or ())
-        try:
-            entry = await self._store.read(self._path, consistent=True)
-            state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
-            version = entry.version if entry else 0
-        except KeyturnError as error:
-            # Nothing is written: a record that may hold a refresh token or a key is never
-            # overwritten blindly.
-            self._job_failures += 1
-            return self._failure_outcome(self._last_state, error, self._job_failures)
+        known, self._record = self._record, None
+        while True:
+            if known is None:
+                try:
+                    known = await self._read()
+                except KeyturnError as error:
+                    # Nothing is written: a record that may hold a refresh token or a key is
+                    # never overwritten blindly.
+                    self._job_failures += 1
+                    return self._failure_outcome(self._last_state, error, self._job_failures)
+                read = True
+            else:
+                read = False
+            outcome = await self._run_from(*known, forced, prepare, read=read)
+            if outcome is not None:
+                return outcome
+            known = None  # the copy in memory was out of date: read the record, decide again
+
+    async def _read(self) -> tuple[CredentialState, int]:
+        entry = await self._store.read(self._path, consistent=True)
+        state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
+        return state, entry.version if entry else 0
+
+    async def _run_from(
+        self,
+        state: CredentialState,
+        version: int,
+        forced: set[str],
+        prepare: Callable[[Journal], None] | None,
+        *,
+        read: bool,
+    ) -> Outcome | None:
+        """One run from the record at `version`; None when that was this process's copy
+        (`read=False`) and either nothing is due by it (a run that only looks must see what
+        others did: e.g. a `keyturn rotate` beside the daemon) or the lease write proved
+        another writer changed the record since."""
         self._last_state = state
         token = state.token
         self._published(state)
@@ -345,7 +387,10 @@ class CredentialJob:
         now = self._clock.time()
         dues = [await t.due(state, now, t.name in forced) for t in self.tasks]
         if not any(due <= now for due in dues):
+            if not read:
+                return None  # a look, not work: only the record can show what others did
             self._job_failures = 0
+            self._record = (state, version)
             return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
         if state.lease.held_by_other(self._instance, now):
             return self._lease_held(state, state.lease.until or now)
@@ -353,8 +398,10 @@ class CredentialJob:
             self._store, self._path, state, version, clock=self._clock, lease=self._lease
         )
         try:
-            await journal.save(state)  # takes the lease; CAS proves the read was current
+            await journal.save(state)  # takes the lease; CAS proves the record was current
         except VaultCasConflict:
+            if not read:
+                return None
             return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
         except KeyturnError as error:
             self._job_failures += 1
@@ -370,6 +417,7 @@ class CredentialJob:
                     stop.set()
                     await keeper
                     await journal.release()
+                    self._record = (journal.state, journal.version)
                     return Outcome("refused", now, journal.state, refused)
             action, failure = await self._run_tasks(journal, forced)
         finally:
@@ -410,6 +458,7 @@ class CredentialJob:
             )
         self._job_failures = 0
         self._last_state = journal.state
+        self._record = (journal.state, journal.version)
         self._published(journal.state)
         now = self._clock.time()
         dues = [await t.due(journal.state, now, False) for t in self.tasks]

@@ -91,7 +91,7 @@ ROTATIONS = _counter(
 VAULT_OPERATIONS_TOTAL = _counter(
     "keyturn_vault_operations_total",
     ("operation", "result"),
-    "Vault calls: `operation` is `read`, `write`, `read_metadata`, `delete`, `read_field`, "
+    "Vault calls: `operation` is `read`, `write`, `read_metadata`, `list`, `delete`, `read_field`, "
     "`capabilities`, `login`, `renew`, `lookup`; `result` is `success`, `cas_conflict`, "
     "`permission_denied`, `unavailable`, `auth_error`, `not_found`, `error`",
 )

@@ -32,6 +32,7 @@ from keyturn.vault.store import (
     VersionInfo,
     pick_fields,
     reveal_data,
+    validate_api_path,
     validate_path,
 )
 
@@ -202,6 +203,18 @@ class FakeVaultStore:
         self._check(f"{self.mount}/metadata/{path}", "delete", path)
         self._records.pop((self.mount, path), None)
 
+    async def list_keys(self, prefix: str, *, consistent: bool = False) -> list[str]:
+        self._enter("list", prefix)
+        self.reads.append(("list", prefix, consistent))
+        self._check(f"{self.mount}/metadata/{prefix.strip('/')}/", "list", prefix)
+        base = prefix.strip("/") + "/"
+        names = set()
+        for mount, path in self._records:
+            if mount == self.mount and path.startswith(base):
+                rest = path[len(base) :]
+                names.add(rest.split("/", 1)[0] + "/" if "/" in rest else rest)
+        return sorted(names)
+
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
     ) -> dict[str, Secret]:
@@ -218,7 +231,7 @@ class FakeVaultStore:
 
     async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
         self._enter("capabilities", None)
-        return {validate_path(path): self._capabilities(path) for path in paths}
+        return {validate_api_path(path): self._capabilities(path) for path in paths}
 
     async def health(self) -> None:
         self._enter("health", None)

@@ -67,6 +67,7 @@ VaultOperation = Literal[
     "read",
     "write",
     "read_metadata",
+    "list",
     "delete",
     "read_field",
     "capabilities",

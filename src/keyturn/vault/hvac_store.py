@@ -48,6 +48,7 @@ from keyturn.vault.store import (
     VersionInfo,
     pick_fields,
     reveal_data,
+    validate_api_path,
     validate_path,
 )
 
@@ -225,6 +226,24 @@ class VaultStore:
             consistent=True,
         )
 
+    async def list_keys(self, prefix: str, *, consistent: bool = False) -> list[str]:
+        validate_path(prefix)
+        body = await self._call(
+            "LIST",
+            self.mount,
+            "metadata",
+            prefix,
+            kind="list",
+            operation="list",
+            consistent=consistent,
+        )
+        keys = (_dict(body.get("data")) or {}).get("keys") if body else None
+        if keys is None:
+            return []
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise VaultDataError("vault list: keys is not a list of strings", path=prefix)
+        return list(keys)
+
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
     ) -> dict[str, Secret]:
@@ -244,7 +263,7 @@ class VaultStore:
         return pick_fields(mount, path, values, fields)
 
     async def capabilities(self, paths: Sequence[str]) -> Mapping[str, frozenset[str]]:
-        wanted = [validate_path(path) for path in paths]
+        wanted = [validate_api_path(path) for path in paths]
         if not wanted:
             return {}
         body = await self._call_url(
@@ -314,7 +333,7 @@ class VaultStore:
             operation=operation,
             path=f"{mount}/{path}",
             json=json,
-            missing_ok=method == "GET",
+            missing_ok=method in ("GET", "LIST"),
             consistent=consistent,
         )
 

@@ -97,6 +97,12 @@ class KvStore(Protocol):
         """Delete the metadata and every version (locks, state cleanup); no error if absent."""
         ...
 
+    async def list_keys(self, prefix: str, *, consistent: bool = False) -> list[str]:
+        """The names directly under `prefix` (KV v2 LIST; a sub-folder ends with `/`), [] if
+        nothing is there. One call for a whole prefix: the daemon's start learns which state
+        records exist without a read per credential."""
+        ...
+
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
     ) -> dict[str, Secret]:
@@ -120,6 +126,13 @@ class KvStore(Protocol):
     async def close(self) -> None:
         """Release threads and connections; the store is unusable afterwards."""
         ...
+
+
+def validate_api_path(path: str) -> str:
+    """A full API path for `capabilities`: a path, or a folder as a LIST names it (a trailing
+    `/`: Vault checks a LIST against the folder's path with its slash)."""
+    validate_path(path.removesuffix("/") if path.endswith("/") else path)
+    return path
 
 
 def validate_path(path: str, *, what: str = "path") -> str:

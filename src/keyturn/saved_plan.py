@@ -1,0 +1,242 @@
+"""The daemon's plan, saved in Vault, so that a restart plans every credential without a read
+per credential.
+
+Without it, a restart reads each credential's record and its published path's metadata before
+it knows when to run it: two Vault reads per credential, ~28 s for 10,000. With it, the daemon
+reads a few records at start (`<state_prefix>/_plan/<instance_id>/<n>`, up to SHARD_SIZE
+credentials each; under the private prefix, where no credential can be named: names start with
+a letter or digit) and plans each credential found there at its saved time.
+
+What is saved per credential: the next planned run, the record's token part (times, phase,
+published version, failures) and the rotation journal without any key, and a fingerprint of the
+credential's settings (with its provider and rotator). Never a secret: no refresh token, no key,
+no lease. A credential whose settings changed since, or that is not in the plan, runs at once
+as before.
+
+A saved plan is never trusted beyond what the record would say: the restored credential is
+planned at its saved time or within VERIFY_WINDOW (a random point in it, so that 10,000
+verifications do not come at once), whichever is sooner, and that run reads the record and the
+published metadata as any first run does. A plan that is stale (another instance or a command
+worked on the credential while this daemon was down) costs that early run, never a late one:
+a refresh planned before the stop is planned no later after it. Meanwhile readiness, the
+metrics and the watcher use the saved token part.
+
+The daemon saves the plan every SAVE_INTERVAL seconds when runs finished since the last save,
+and once more after the drain at shutdown.
+
+A command that works on a credential beside the daemon (`keyturn rotate`, `refresh`,
+`import-key`, `import-refresh-token`) changes its record where the daemon does not look until
+its planned run. So each command marks the credential in `<state_prefix>/_plan/touched` (name ->
+when): at start, a credential marked after (or shortly before) the daemon's last run of it is
+not restored but runs at once, as without a saved plan.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import random
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from keyturn.config import Config, CredentialConfig
+from keyturn.errors import KeyturnError, VaultCasConflict
+from keyturn.logs import get_logger
+from keyturn.state import CredentialState, LeaseRecord, RefreshTokenRecord
+from keyturn.vault.store import KvStore
+
+TOUCHED = "_plan/touched"  # under the state prefix: shared by every instance and command
+TOUCH_SLACK = 300.0  # seconds: a mark this much older than the daemon's last run still counts
+# (clocks of different hosts; a needless early run is the only cost)
+TOUCH_KEEP = 7 * 86400.0  # marks older than this are dropped when a command writes the record
+if TYPE_CHECKING:  # the scheduler (APScheduler) is the daemon's, not the commands'
+    from keyturn.scheduler import JobView
+
+SHARD_SIZE = 500  # credentials per record: ~200 KB, well under a raft entry's 1 MiB
+SAVE_INTERVAL = 300.0  # seconds between saves while runs keep finishing
+VERIFY_WINDOW = 900.0  # a restored credential's record is read within this many seconds
+
+log = get_logger("keyturn.saved_plan")
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredPlan:
+    """One credential from a saved plan: when to run it, and what the scheduler may know of it
+    until then (the record without any secret)."""
+
+    due: float
+    state: CredentialState
+    finished_at: float  # when the run that left `state` ended (the saving process's clock)
+
+
+def without_secrets(state: CredentialState) -> CredentialState:
+    """The record as the plan keeps it: no refresh token, no key, no lease."""
+    rotation = replace(state.rotation, key=None, pending_key=None)
+    return CredentialState(
+        lease=LeaseRecord(), refresh=RefreshTokenRecord(), token=state.token, rotation=rotation
+    )
+
+
+def settings_fingerprint(config: Config, credential: CredentialConfig) -> str:
+    """Changes when the credential's own settings, its provider or its rotator change (the
+    same inputs as a reload's `changed_credentials`); a hash, so the plan holds no setting."""
+    # The settings are frozen dataclasses: their repr shows every field (references, never a
+    # secret value).
+    parts = (credential, config.provider_of(credential), config.rotator_of(credential))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+class PlanStore:
+    """Saves and restores one instance's plan (see the module docstring)."""
+
+    def __init__(self, store: KvStore, *, state_prefix: str, instance_id: str) -> None:
+        self._store = store
+        self._prefix = state_prefix.strip("/")
+        self._base = f"{self._prefix}/_plan/{instance_id}"
+        self._saved_runs: int | None = None  # the run count the last save reflected
+
+    def _shard(self, number: int) -> str:
+        return f"{self._base}/{number}"
+
+    async def restore(
+        self, config: Config, *, now: float, rng: random.Random
+    ) -> dict[str, RestoredPlan]:
+        """The saved plan for the credentials of `config` whose settings did not change; {}
+        when there is none or it cannot be read (every credential then runs at once)."""
+        try:
+            entries = await self._read()
+            touched = await read_touched(self._store, self._prefix) if entries else {}
+        except (KeyturnError, ValueError) as error:
+            log.warning("plan.unreadable", error=str(error))
+            return {}
+        restored: dict[str, RestoredPlan] = {}
+        for credential in config.credentials:
+            entry = entries.get(credential.name)
+            if entry is None:
+                continue
+            fingerprint, due, finished_at, data = entry
+            if fingerprint != settings_fingerprint(config, credential):
+                continue
+            if touched.get(credential.name, -math.inf) >= finished_at - TOUCH_SLACK:
+                continue  # a command worked on it since: its record says more than the plan
+            try:
+                state = CredentialState.from_data(data, credential.name)
+            except KeyturnError:
+                continue  # an entry this version cannot parse: the record is read instead
+            verify_by = now + rng.uniform(0.0, VERIFY_WINDOW)
+            restored[credential.name] = RestoredPlan(min(due, verify_by), state, finished_at)
+        return restored
+
+    async def _read(self) -> dict[str, Entry]:
+        first = await self._store.read(self._shard(0), consistent=True)
+        if first is None:
+            return {}
+        generation, shards = first.data.get("generation"), int(first.data.get("shards", "0"))
+        entries = _entries(first.data)
+        for number in range(1, shards):
+            shard = await self._store.read(self._shard(number), consistent=True)
+            if shard is None or shard.data.get("generation") != generation:
+                return {}  # a save cut short: trust none of it
+            entries.update(_entries(shard.data))
+        return entries
+
+    async def save(self, config: Config, jobs: Iterable[JobView], *, runs: int) -> bool:
+        """Write the plan if `runs` (the scheduler's count of finished runs) moved since the
+        last save. Shard 0 is written last: it names the generation every shard must carry."""
+        if runs == self._saved_runs:
+            return False
+        fingerprints = {c.name: settings_fingerprint(config, c) for c in config.credentials}
+        rows = [
+            (
+                job.name,
+                [
+                    fingerprints[job.name],
+                    job.next_due,
+                    job.finished_at,
+                    without_secrets(job.state).to_data(),
+                ],
+            )
+            for job in jobs
+            if job.name in fingerprints
+            and job.state is not None
+            and job.next_due is not None
+            and job.finished_at is not None
+        ]
+        shards = [rows[i : i + SHARD_SIZE] for i in range(0, len(rows), SHARD_SIZE)] or [[]]
+        generation = uuid.uuid4().hex[:16]
+        header = {"generation": generation, "shards": str(len(shards))}
+        for number in [*range(1, len(shards)), 0]:
+            entries = json.dumps(dict(shards[number]), separators=(",", ":"))
+            await self._store.write(self._shard(number), {**header, "entries": entries}, cas=None)
+        # Shards past the count (a plan that shrank) stay, unread: keyturn's policy has no
+        # delete, and shard 0's count and generation say which ones belong.
+        self._saved_runs = runs
+        return True
+
+
+# One credential in a saved plan: settings fingerprint, due, finished_at, record without secrets.
+Entry = tuple[str, float, float, dict[str, str]]
+
+
+def _entries(data: Mapping[str, str]) -> dict[str, Entry]:
+    raw = json.loads(data.get("entries", "{}"))
+    if not isinstance(raw, dict):
+        raise ValueError("the saved plan's entries are not an object")
+    entries = {}
+    for name, entry in raw.items():
+        match entry:
+            case [
+                str(fingerprint),
+                int() | float() as due,
+                int() | float() as finished_at,
+                dict() as fields,
+            ] if all(isinstance(v, str) for v in fields.values()):
+                entries[name] = (fingerprint, float(due), float(finished_at), fields)
+            case _:
+                raise ValueError(f"the saved plan's entry for {name!r} is malformed")
+    return entries
+
+
+async def read_touched(store: KvStore, state_prefix: str) -> dict[str, float]:
+    """The commands' marks: credential -> when a command last worked on it."""
+    entry = await store.read(f"{state_prefix.strip('/')}/{TOUCHED}", consistent=True)
+    marks: dict[str, float] = {}
+    for name, text in (entry.data if entry else {}).items():
+        with contextlib.suppress(ValueError):
+            marks[name] = float(text)
+    return marks
+
+
+async def touch(store: KvStore, state_prefix: str, credential: str, now: float) -> None:
+    """Mark `credential` as worked on by a command (see the module docstring): a daemon that
+    starts later reads its record at once instead of trusting its saved plan. Best effort: a
+    failure is logged, never the command's failure."""
+    path = f"{state_prefix.strip('/')}/{TOUCHED}"
+    for _attempt in range(5):
+        try:
+            entry = await store.read(path, consistent=True)
+            marks = {
+                name: text
+                for name, text in (entry.data if entry else {}).items()
+                if _recent(text, now)
+            }
+            marks[credential] = repr(now)
+            await store.write(path, marks, cas=entry.version if entry else 0)
+            return
+        except VaultCasConflict:
+            continue  # another command marked at the same moment: read again
+        except KeyturnError as error:
+            log.warning("plan.touch_failed", credential=credential, error=str(error))
+            return
+    log.warning("plan.touch_failed", credential=credential, error="check-and-set kept failing")
+
+
+def _recent(text: str, now: float) -> bool:
+    try:
+        return now - float(text) < TOUCH_KEEP
+    except ValueError:
+        return False
