@@ -30,14 +30,7 @@ from keyturn.alerts.build import build_dispatcher
 from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
-from keyturn.events import (
-    LoggingObserver,
-    Observer,
-    Observers,
-    Restored,
-    Scheduled,
-    Suspicious,
-)
+from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
 from keyturn.jobs.job import Checkpoint, Outcome, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
@@ -163,30 +156,14 @@ class PlanKeeper:
     scheduler: CredentialScheduler
 
     async def restore(self, clock: Clock, rng: random.Random) -> dict[str, tuple[Outcome, float]]:
-        """The saved plan's credentials as outcomes for the scheduler's start, told to the
-        observers as a first run's read of the record would."""
+        """The saved plan's credentials as outcomes for the scheduler's start (each job tells
+        its observers, as a first run's read of the record would)."""
         runtime = self.runtime
         restored = await self.plans.restore(runtime.config, now=clock.time(), rng=rng)
-        outcomes: dict[str, tuple[Outcome, float]] = {}
-        for name, plan in restored.items():
-            job = runtime.jobs[name]
-            token = plan.state.token
-            runtime.observers(
-                Restored(
-                    name,
-                    job.provider,
-                    job.kind,
-                    token.issued_at,
-                    token.expires_at,
-                    token.last_success,
-                    token.consecutive_failures,
-                )
-            )
-            runtime.observers(Scheduled(name, job.provider, job.kind, plan.due))
-            consumers = runtime.context.consumers
-            if consumers is not None and token.published_version is not None:
-                consumers.published(name, token.published_version)
-            outcomes[name] = (Outcome("restored", plan.due, plan.state), plan.finished_at)
+        outcomes = {
+            name: (runtime.jobs[name].restored(plan.state, plan.due), plan.finished_at)
+            for name, plan in restored.items()
+        }
         log.info("plan.restored", credentials=len(outcomes), configured=len(runtime.jobs))
         return outcomes
 

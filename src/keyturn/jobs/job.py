@@ -335,27 +335,48 @@ class CredentialJob:
     ) -> Outcome:
         forced = {t.name for t in self.tasks} if force is True else set(force or ())
         known, self._record = self._record, None
-        while True:
-            if known is None:
-                try:
-                    known = await self._read()
-                except KeyturnError as error:
-                    # Nothing is written: a record that may hold a refresh token or a key is
-                    # never overwritten blindly.
-                    self._job_failures += 1
-                    return self._failure_outcome(self._last_state, error, self._job_failures)
-                read = True
-            else:
-                read = False
-            outcome = await self._run_from(*known, forced, prepare, read=read)
+        if known is not None:
+            outcome = await self._run_from(*known, forced, prepare, read=False)
             if outcome is not None:
                 return outcome
-            known = None  # the copy in memory was out of date: read the record, decide again
+            # The copy in memory had no work by it, or was out of date: read the record.
+        try:
+            entry = await self._store.read(self._path, consistent=True)
+            state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
+        except KeyturnError as error:
+            # Nothing is written: a record that may hold a refresh token or a key is never
+            # overwritten blindly.
+            self._job_failures += 1
+            return self._failure_outcome(self._last_state, error, self._job_failures)
+        self._announce(state)
+        outcome = await self._run_from(
+            state, entry.version if entry else 0, forced, prepare, read=True
+        )
+        assert outcome is not None  # a run from the record as read always ends in an outcome
+        return outcome
 
-    async def _read(self) -> tuple[CredentialState, int]:
-        entry = await self._store.read(self._path, consistent=True)
-        state = CredentialState.from_data(entry.data, self.name) if entry else CredentialState()
-        return state, entry.version if entry else 0
+    def restored(self, state: CredentialState, due: float) -> Outcome:
+        """A saved plan's word on this credential (`keyturn.saved_plan`), taken without reading
+        the record: told to the observers as a read of the record is, and planned at `due`."""
+        self._last_state = state
+        self._announce(state)
+        return self._planned(Outcome("restored", due, state))
+
+    def _announce(self, state: CredentialState) -> None:
+        """What the record says, as read: to the observers and the usage monitor."""
+        token = state.token
+        self._published(state)
+        self._observer(
+            Restored(
+                self.name,
+                self.provider,
+                self.kind,
+                token.issued_at,
+                token.expires_at,
+                token.last_success,
+                token.consecutive_failures,
+            )
+        )
 
     async def _run_from(
         self,
@@ -371,19 +392,6 @@ class CredentialJob:
         others did: e.g. a `keyturn rotate` beside the daemon) or the lease write proved
         another writer changed the record since."""
         self._last_state = state
-        token = state.token
-        self._published(state)
-        self._observer(
-            Restored(
-                self.name,
-                self.provider,
-                self.kind,
-                token.issued_at,
-                token.expires_at,
-                token.last_success,
-                token.consecutive_failures,
-            )
-        )
         now = self._clock.time()
         dues = [await t.due(state, now, t.name in forced) for t in self.tasks]
         if not any(due <= now for due in dues):
