@@ -186,6 +186,37 @@ def test_a_restart_requests_nothing_while_tokens_are_valid(deploy, daemons) -> N
         assert sampler.read(name).version == sample.version  # type: ignore[union-attr]
 
 
+def _restored(daemon: DaemonProcess) -> dict:
+    """The last `plan.restored` line of the daemon's log (see keyturn.saved_plan)."""
+    lines = [json.loads(line) for line in daemon.log_text().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == "plan.restored"][-1]
+
+
+def test_a_restart_plans_from_the_saved_plan_and_a_command_s_credential_runs_at_once(
+    deploy, daemons
+) -> None:
+    """A stopped daemon saved its plan in Vault (no secret in it): the next start plans every
+    credential from it without a token request. A credential a command worked on while the
+    daemon was down is not restored: it runs at once, from its record."""
+    deployment = deploy(["theta", "kappa"], sandbox_config={"access_token_lifetime": 120})
+    daemon = daemons(deployment)
+    sampler = Sampler(deployment)
+    for name in ("theta", "kappa"):
+        sampler.wait_published(name)
+    assert daemon.stop() == 0
+    requests_before = _token_requests(deployment)
+    daemon.start()
+    assert _restored(daemon)["credentials"] == 2
+    assert _token_requests(deployment) == requests_before
+    assert daemon.stop() == 0
+    result = keyturn("refresh", "-c", str(deployment.config_path), "theta")
+    assert result.returncode == 0, result.stderr
+    refreshed = sampler.wait_published("theta")
+    daemon.start()
+    assert _restored(daemon)["credentials"] == 1  # kappa; theta's first run reads its record
+    assert sampler.read("theta").version == refreshed.version  # type: ignore[union-attr]
+
+
 def _token_requests(deployment: Deployment) -> int:
     usage = deployment.sandbox.admin.usage()["oauth_clients"]
     return sum(usage[c["client_id"]]["oauth_requests"] for c in deployment.clients.values())
