@@ -26,7 +26,7 @@ from pathlib import Path
 
 from keyturn.policy import RefreshPolicy, refresh_window
 from keyturn_devkit.dev.openbao import bao_binary
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
 
 # `expires_at` is published in whole seconds, rounded down: up to 1 s less than the token has.
 EXPIRES_AT_ROUNDING = 1.0
@@ -81,14 +81,12 @@ class BaoAgent(ManagedServer):
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BaoAgent:
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(  # fixed argv: our own binary and a file path
-                [bao_binary(), "agent", f"-config={self.config_path}"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self._env,
-                cwd=self.workdir,
-            )
+        self._process = spawn_logged(
+            [bao_binary(), "agent", f"-config={self.config_path}"],
+            self.log_path,
+            env=self._env,
+            cwd=self.workdir,
+        )
         return self
 
     @property

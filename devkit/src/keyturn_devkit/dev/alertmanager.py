@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
 CONFIG = """\
@@ -84,28 +84,13 @@ class AlertmanagerServer(ManagedServer):
                 "--cluster.listen-address=",
                 "--log.level=warn",
             ]
-            log = self._log_path.open("ab")
-            self._process = subprocess.Popen(  # fixed argv, a system binary
-                args, stdout=log, stderr=subprocess.STDOUT, cwd=self._workdir
-            )
-            log.close()
-            if self._wait_ready(timeout):
+            self._process = spawn_logged(args, self._log_path, cwd=self._workdir)
+            if wait_answering(
+                self._process, f"{self.url}/-/ready", deadline=time.monotonic() + timeout
+            ):
                 return self
             self.stop(cleanup=False)
         raise RuntimeError(f"Alertmanager did not start; see {self._log_path}")
-
-    def _wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                return False
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1.0).status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        return False
 
     def alerts(self, **params: str) -> list[dict[str, Any]]:
         """`GET /api/v2/alerts` (active alerts by default, as Alertmanager answers)."""

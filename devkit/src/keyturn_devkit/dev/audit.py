@@ -25,11 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from keyturn_devkit.dev.openbao import bao_binary
 from keyturn_devkit.dev.ports import free_port_pair
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
 VERSION = "v2.7.2+builtin.bao"
 
@@ -234,8 +232,7 @@ class OpenBaoAuditServer(ManagedServer):
                 "BAO_DEV_ROOT_TOKEN_ID": self.root_token,
                 "HOME": str(self.workdir),
             }
-            log = self.log_path.open("ab")
-            self._process = subprocess.Popen(  # fixed argv, our own binary
+            self._process = spawn_logged(
                 [
                     bao_binary(),
                     "server",
@@ -244,33 +241,19 @@ class OpenBaoAuditServer(ManagedServer):
                     f"-dev-listen-address=127.0.0.1:{self.port}",
                     f"-config={config}",
                 ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                self.log_path,
                 env=env,
                 cwd=self.workdir,
             )
-            log.close()
-            if self._wait_ready(timeout):
+            if wait_answering(  # the KV mount is up once its tuning can be read
+                self._process,
+                f"{self.address}/v1/sys/mounts/secret/tune",
+                deadline=time.monotonic() + timeout,
+                headers={"X-Vault-Token": self.root_token},
+            ):
                 return self
             terminate(self._process)
         raise RuntimeError(f"OpenBao did not start; see {self.log_path}")
-
-    def _wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        headers = {"X-Vault-Token": self.root_token}
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                return False
-            try:
-                response = httpx.get(
-                    f"{self.address}/v1/sys/mounts/secret/tune", headers=headers, timeout=1.0
-                )
-                if response.status_code == 200:
-                    return True
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        return False
 
     def bao(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
         """Runs the `bao` CLI against this server (the root token unless `token`)."""

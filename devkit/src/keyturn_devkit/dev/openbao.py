@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from keyturn_devkit.dev.ports import free_port_pair
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
 
 def bao_binary() -> str:
@@ -76,29 +76,14 @@ class OpenBaoDevServer(ManagedServer):
                 "VAULT_DEV_ROOT_TOKEN_ID": self.root_token,
                 "HOME": str(self._workdir),
             }
-            log = self._log_path.open("ab")
-            self._process = subprocess.Popen(  # fixed argv, our own binary
-                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._workdir
-            )
-            log.close()
-            if self._wait_ready(timeout):
+            self._process = spawn_logged(args, self._log_path, env=env, cwd=self._workdir)
+            deadline = time.monotonic() + timeout
+            if wait_answering(
+                self._process, f"{self.address}/v1/sys/health", deadline=deadline
+            ) and self._kv_ready(deadline):
                 return self
             self.stop(cleanup=False)
         raise RuntimeError(f"OpenBao did not start; see {self._log_path}")
-
-    def _wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
-                return False
-            try:
-                response = httpx.get(f"{self.address}/v1/sys/health", timeout=1.0)
-                if response.status_code == 200:
-                    return self._kv_ready(deadline)
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        return False
 
     def _kv_ready(self, deadline: float) -> bool:
         headers = {"X-Vault-Token": self.root_token}

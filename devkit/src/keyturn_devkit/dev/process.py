@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import httpx
 
 
 def terminate(
@@ -23,6 +28,47 @@ def terminate(
             process.kill()
             process.wait()
     return process.returncode
+
+
+def spawn_logged(
+    args: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `args` (a fixed argv: a binary we ship or the system's) with its stdout and
+    stderr appended to `log_path`, where a failed start is explained."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(args),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
+            cwd=cwd,
+        )
+
+
+def wait_answering(
+    process: subprocess.Popen[Any] | None,
+    url: str,
+    *,
+    deadline: float,
+    headers: Mapping[str, str] | None = None,
+) -> bool:
+    """Poll `GET url` until it answers 200 (True), or until the process exits or `deadline`
+    (on the monotonic clock) passes (False): a server's start is over when it serves."""
+    while time.monotonic() < deadline:
+        if process is None or process.poll() is not None:
+            return False
+        try:
+            if httpx.get(url, headers=dict(headers or {}), timeout=1.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    return False
 
 
 class ManagedServer:

@@ -37,7 +37,7 @@ import httpx
 
 from keyturn_devkit.dev.openbao import bao_binary
 from keyturn_devkit.dev.ports import free_port_pair
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
 
 # A standby answers GET sys/health with 429 unless asked otherwise; these make it 200 too, so
 # the JSON body (initialized/sealed/standby) can be read from every node alike.
@@ -371,17 +371,12 @@ class OpenBaoRaftCluster(ManagedServer):
             if not key.startswith(("VAULT_", "BAO_"))  # nothing from the caller's shell
         }
         env["HOME"] = str(node.workdir)
-        log = node.log_path.open("ab")
-        try:
-            node.process = subprocess.Popen(  # fixed argv, our own binary
-                [bao_binary(), "server", f"-config={node.config_path}"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=node.workdir,
-            )
-        finally:
-            log.close()
+        node.process = spawn_logged(
+            [bao_binary(), "server", f"-config={node.config_path}"],
+            node.log_path,
+            env=env,
+            cwd=node.workdir,
+        )
 
     def _initialise(self, deadline: float) -> None:
         first = self.nodes[0]

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
 
 
 def _toml_value(value: Any, key: str) -> str:
@@ -192,14 +192,9 @@ class SandboxProcess(ManagedServer):
             config_path = self.workdir / "sandbox.toml"
             config_path.write_text(to_toml(self.config), encoding="utf-8")
             args += ["--config", str(config_path)]
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
+        self._process = spawn_logged(
+            args, self.log_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         deadline = time.monotonic() + timeout
         while not self.bootstrap_path.exists():
             if self._process.poll() is not None or time.monotonic() > deadline:

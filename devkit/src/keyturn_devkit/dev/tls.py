@@ -35,7 +35,7 @@ import httpx
 
 from keyturn_devkit.dev.openbao import bao_binary
 from keyturn_devkit.dev.ports import free_port_pair
-from keyturn_devkit.dev.process import ManagedServer, terminate
+from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
 
 _HEALTH = "/v1/sys/health?standbyok=true&sealedcode=200&uninitcode=200"
 
@@ -246,14 +246,12 @@ class OpenBaoTLSServer(ManagedServer):
     def _spawn(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VAULT_", "BAO_"))}
         env["HOME"] = str(self.workdir)
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(  # fixed argv, our own binary
-                [bao_binary(), "server", f"-config={self.workdir / 'config.hcl'}"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.workdir,
-            )
+        self._process = spawn_logged(
+            [bao_binary(), "server", f"-config={self.workdir / 'config.hcl'}"],
+            self.log_path,
+            env=env,
+            cwd=self.workdir,
+        )
 
     def _health(self) -> dict[str, Any] | None:
         if not self.running:
