@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import random
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
 from keyturn.jobs.job import Checkpoint, Outcome, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
+from keyturn.members import Membership
 from keyturn.notify import SystemdNotifier
 from keyturn.observability import (
     HeartbeatLiveness,
@@ -155,14 +157,18 @@ class PlanKeeper:
     runtime: Runtime
     scheduler: CredentialScheduler
 
-    async def restore(self, clock: Clock, rng: random.Random) -> dict[str, tuple[Outcome, float]]:
-        """The saved plan's credentials as outcomes for the scheduler's start (each job tells
-        its observers, as a first run's read of the record would)."""
+    async def restore(
+        self, clock: Clock, rng: random.Random, owns: Callable[[str], bool]
+    ) -> dict[str, tuple[Outcome, float]]:
+        """The saved plan's credentials in this instance's share as outcomes for the
+        scheduler's start (each job tells its observers, as a first run's read of the record
+        would)."""
         runtime = self.runtime
         restored = await self.plans.restore(runtime.config, now=clock.time(), rng=rng)
         outcomes = {
             name: (runtime.jobs[name].restored(plan.state, plan.due), plan.finished_at)
             for name, plan in restored.items()
+            if owns(name)
         }
         log.info("plan.restored", credentials=len(outcomes), configured=len(runtime.jobs))
         return outcomes
@@ -178,6 +184,61 @@ class PlanKeeper:
             await self.save()
         except KeyturnError as error:
             log.warning("plan.not_saved", error=str(error))
+
+
+@dataclass(frozen=True, slots=True)
+class ShareKeeper:
+    """This instance's place among several (`keyturn.members`): it joins before the first
+    runs, beats beside the scheduler, follows its share when instances come and go, and leaves
+    when the daemon stops."""
+
+    members: Membership
+    scheduler: CredentialScheduler
+    metrics: PrometheusObserver
+
+    @classmethod
+    def build(
+        cls,
+        config: Config,
+        store: VaultStore,
+        *,
+        clock: Clock,
+        instance_id: str,
+        address: str | None,
+        observer: Observer,
+        scheduler: CredentialScheduler,
+        metrics: PrometheusObserver,
+    ) -> ShareKeeper:
+        def problem(kind: str, message: str) -> None:
+            severity = "critical" if kind == "duplicate_instance_id" else "warning"
+            observer(Suspicious(None, None, "instance_membership", severity, message))
+
+        members = Membership(
+            store,
+            state_prefix=config.keyturn.state_prefix,
+            instance_id=instance_id,
+            takeover_after=config.keyturn.takeover_after,
+            clock=clock,
+            host=socket.gethostname(),
+            address=address,
+            pid=os.getpid(),
+            on_problem=problem,
+        )
+        return cls(members, scheduler, metrics)
+
+    async def beat(self) -> None:
+        if await self.members.beat():
+            summary = self.scheduler.reassign()
+            for name in summary["removed"]:
+                self.metrics.forget(name)  # its new owner reports it
+            log.info(
+                "share.changed",
+                instances=list(self.members.live),
+                owned=len(self.scheduler.owned),
+                added=len(summary["added"]),
+                removed=len(summary["removed"]),
+            )
+        self.metrics.membership(len(self.members.live), len(self.scheduler.owned))
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,19 +367,7 @@ async def open_daemon(
             )
             async with running(config, context) as runtime:
                 metrics.credentials_configured(len(runtime.jobs))
-                scheduler = CredentialScheduler(
-                    runtime.jobs.values(),
-                    clock=clock,
-                    max_concurrency=config.keyturn.max_concurrency,
-                    on_lateness=metrics.lateness,
-                )
-                scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
-                scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
-                if config.keyturn.watch_interval > 0:
-                    scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
-                watchdog = systemd_watchdog(notifier)
-                if watchdog is not None:
-                    scheduler.add_periodic("watchdog", watchdog)
+                scheduler = credential_scheduler(runtime, metrics, notifier)
                 server = MetricsServer(
                     config.metrics,
                     registry,
@@ -343,9 +392,20 @@ async def open_daemon(
                     runtime,
                     scheduler,
                 )
+                shares = ShareKeeper.build(
+                    config,
+                    store,
+                    clock=clock,
+                    instance_id=context.instance_id or config.keyturn.instance_id,
+                    address=server.url,
+                    observer=observers,
+                    scheduler=scheduler,
+                    metrics=metrics,
+                )
                 loops: list[Periodic] = [
                     (VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler)),
                     (SAVE_INTERVAL, plans.save),
+                    (shares.members.interval, shares.beat),
                 ]
                 if isinstance(clock, SystemClock):
                     guard = WallClockGuard(
@@ -358,11 +418,16 @@ async def open_daemon(
                     await runtime.list_records()  # which first runs need no read
                     metrics.heartbeat()
                     sinks.start()
-                    scheduler.start(await plans.restore(clock, rng))
+                    await shares.members.join()  # which credentials are this instance's
+                    owns = shares.members.owns
+                    scheduler.start(await plans.restore(clock, rng, owns), owns=owns)
+                    metrics.membership(len(shares.members.live), len(scheduler.owned))
                     log.info(
                         "daemon.started",
                         instance=config.keyturn.instance_id,
                         credentials=len(runtime.jobs),
+                        owned=len(scheduler.owned),
+                        instances=list(shares.members.live),
                         metrics=server.url,
                     )
                     notifier.ready(status=_status(runtime))
@@ -370,6 +435,7 @@ async def open_daemon(
                         yield daemon
                     notifier.stopping(status="stopping: letting in-flight runs finish")
                     log.info("daemon.stopping")
+                    await shares.members.leave()  # the others take the share now
                     drained = await scheduler.shutdown(config.keyturn.shutdown_timeout)
                     await plans.save_at_stop()
                     log.info("daemon.stopped", drained=drained)
@@ -379,6 +445,28 @@ async def open_daemon(
                     await server.stop()
                     # After the scheduler's drain, so alerts from the last runs still go out.
                     await dispatcher.stop(timeout=min(10.0, config.keyturn.shutdown_timeout))
+
+
+def credential_scheduler(
+    runtime: Runtime, metrics: PrometheusObserver, notifier: SystemdNotifier
+) -> CredentialScheduler:
+    """The scheduler over the jobs, with its housekeeping jobs: keyturn's own Vault token, the
+    heartbeat, the published-path watcher and systemd's watchdog."""
+    config, clock = runtime.config, runtime.context.clock
+    scheduler = CredentialScheduler(
+        runtime.jobs.values(),
+        clock=clock,
+        max_concurrency=config.keyturn.max_concurrency,
+        on_lateness=metrics.lateness,
+    )
+    scheduler.add_periodic("vault-token", vault_token_keeper(runtime, config, clock))
+    scheduler.add_periodic("heartbeat", heartbeat(runtime, metrics))
+    if config.keyturn.watch_interval > 0:
+        scheduler.add_periodic("watch", published_watcher(runtime, scheduler).sweep)
+    watchdog = systemd_watchdog(notifier)
+    if watchdog is not None:
+        scheduler.add_periodic("watchdog", watchdog)
+    return scheduler
 
 
 async def run_daemon(
@@ -497,7 +585,13 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
     it never runs beside a credential's own job."""
 
     def targets() -> list[WatchTarget]:
-        return [WatchTarget(c.name, c.provider, c.publish_to) for c in runtime.config.credentials]
+        """The published paths of this instance's share."""
+        owned = scheduler.owned
+        return [
+            WatchTarget(c.name, c.provider, c.publish_to)
+            for c in runtime.config.credentials
+            if c.name in owned
+        ]
 
     async def journal_version(name: str) -> tuple[int | None, bool]:
         """The published version the journal records, and whether a run holds the lease."""

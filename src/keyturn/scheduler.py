@@ -5,6 +5,9 @@ bounds concurrent runs (no thread per credential: jobs are coroutines on one eve
 a per-credential lock makes sure one credential never runs twice at once, whatever the
 scheduler's instance bookkeeping does. Misfired jobs run at once (misfire_grace_time=None:
 APScheduler's default of 1 s would silently drop a late job) and are coalesced.
+
+With several instances (`keyturn.members`) the scheduler plans only this instance's share:
+`owns` says which credentials are in it, and `reassign` follows it when it moves.
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ class CredentialScheduler:
         # again as soon as Vault answers (`wake`), not when their backoff ends.
         self.waiting_for_vault: set[str] = set()
         self.runs_finished = 0  # (the saved plan is written again only when this moved)
+        self._owns: Callable[[str], bool] = lambda _name: True
+        self._owned: set[str] = set(self._jobs)  # the share: only these are planned
 
     def status_of(self, name: str) -> JobView | None:
         """What the scheduler knows about credential `name` now (None: not configured)."""
@@ -114,16 +119,34 @@ class CredentialScheduler:
         )
 
     def statuses(self) -> list[JobView]:
-        """`status_of` for every configured credential, in configuration order."""
-        return [view for name in self._jobs if (view := self.status_of(name)) is not None]
+        """`status_of` for every credential this instance runs (its share), in configuration
+        order."""
+        return [
+            view
+            for name in self._jobs
+            if name in self._owned and (view := self.status_of(name)) is not None
+        ]
 
-    def start(self, restored: Mapping[str, tuple[Outcome, float]] | None = None) -> None:
+    @property
+    def owned(self) -> frozenset[str]:
+        """The credentials in this instance's share."""
+        return frozenset(self._owned)
+
+    def start(
+        self,
+        restored: Mapping[str, tuple[Outcome, float]] | None = None,
+        *,
+        owns: Callable[[str], bool] | None = None,
+    ) -> None:
         """Plan every credential's first run now (it decides itself whether work is due), or,
         for those in `restored` (from a saved plan, `keyturn.saved_plan`: the outcome and when
         its run ended), at the saved time, with that outcome as what is known of it until
-        then."""
+        then. With `owns`, only the credentials it names (this instance's share)."""
         now = self._clock.time()
         restored = restored or {}
+        if owns is not None:
+            self._owns = owns
+            self._owned = {name for name in self._jobs if owns(name)}
         for name in self._jobs:
             saved = restored.get(name)
             if saved is not None:
@@ -141,8 +164,26 @@ class CredentialScheduler:
         if self._scheduler.running:
             self._plan_periodic(name, self._clock.time())
 
+    def reassign(self) -> dict[str, list[str]]:
+        """The share moved (`owns` answers anew): credentials that came into it run now (each
+        reads its record and decides), those that left it are no longer planned (a run in
+        progress finishes; its lease keeps the new owner waiting)."""
+        owned = {name for name in self._jobs if self._owns(name)}
+        added, removed = sorted(owned - self._owned), sorted(self._owned - owned)
+        self._owned = owned
+        for name in removed:
+            self._status[name].next_due = None
+            if self._scheduler.get_job(f"credential:{name}") is not None:
+                self._scheduler.remove_job(f"credential:{name}")
+        self.waiting_for_vault.difference_update(removed)
+        now = self._clock.time()
+        for name in added:
+            self._plan(name, now)
+        return {"added": added, "removed": removed}
+
     async def run_now(self, name: str, *, force: bool | Collection[str] = True) -> Outcome:
-        """Run a credential's job immediately (waits if it is already running)."""
+        """Run a credential's job immediately (waits if it is already running), in this
+        instance's share or not."""
         return await self._run(name, self._clock.time(), force=force)
 
     def replace_jobs(
@@ -156,6 +197,7 @@ class CredentialScheduler:
         added = sorted(set(new) - set(self._jobs))
         rerun = sorted((set(changed) & set(new)) - set(added))
         self._jobs = new
+        self._owned = {name for name in new if self._owns(name)}
         for name in removed:
             self._status.pop(name, None)
             if self._scheduler.get_job(f"credential:{name}") is not None:
@@ -171,7 +213,7 @@ class CredentialScheduler:
         """Run these credentials now (e.g. Vault answers again); the semaphore still bounds how
         many run at once. Returns the names planned."""
         now = self._clock.time()
-        planned = [name for name in names if name in self._jobs]
+        planned = [name for name in names if name in self._owned]
         for name in planned:
             self._plan(name, now)
         return planned
@@ -216,8 +258,8 @@ class CredentialScheduler:
         return datetime.now(UTC) + timedelta(seconds=max(0.0, due - self._clock.time()))
 
     def _plan(self, name: str, due: float) -> None:
-        if not self._accepting or name not in self._jobs:
-            return  # shutting down, or the credential was removed by a reload
+        if not self._accepting or name not in self._owned:
+            return  # shutting down, removed by a reload, or in another instance's share
         self._status[name].next_due = due
         self._scheduler.add_job(
             self._fire,

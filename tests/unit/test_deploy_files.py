@@ -393,6 +393,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_api_schema() -> None:
             "Kustomization",
             "Namespace",
             "NetworkPolicy",
+            "PodDisruptionBudget",
             "Service",
             "ServiceAccount",
             "ServiceMonitor",
@@ -426,7 +427,7 @@ def test_the_deployment_is_locked_down() -> None:
     assert {"cpu", "memory"} <= set(resources["requests"])
     assert "memory" in resources["limits"]
     # SIGTERM drains for shutdown_timeout (30 s) + alert deliveries (10 s).
-    assert pod["terminationGracePeriodSeconds"] >= 40
+    assert pod["terminationGracePeriodSeconds"] >= kubernetes_config().keyturn.shutdown_timeout + 10
     assert deployment["spec"]["selector"]["matchLabels"].items() <= (
         deployment["spec"]["template"]["metadata"]["labels"].items()
     )
@@ -461,7 +462,77 @@ def test_the_pod_runs_as_the_service_account_vault_knows() -> None:
     assert str(auth.jwt_path) == "/var/run/secrets/kubernetes.io/serviceaccount/token"  # type: ignore[union-attr]
 
 
-def kubernetes_config() -> Config:
+def pod_environ(pod_name: str) -> dict[str, str]:
+    """The container's environment as the kubelet builds it for a pod named `pod_name`."""
+    (container,) = resource("Deployment")["spec"]["template"]["spec"]["containers"]
+    environ: dict[str, str] = {}
+    for var in container["env"]:
+        assert var["name"] not in environ, var["name"]
+        if "value" in var:
+            environ[var["name"]] = var["value"]
+        else:  # no secret in the environment: the downward API's pod name only
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, var
+            environ[var["name"]] = pod_name
+    return environ
+
+
+def test_three_replicas_each_with_its_own_instance_id_from_the_pod_name() -> None:
+    deployment = resource("Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    pods = ["keyturn-7d9c5b6f4-2xkqp", "keyturn-7d9c5b6f4-h8zrt", "keyturn-7d9c5b6f4-wq4mn"]
+    ids = [kubernetes_config(pod_environ(pod)).keyturn.instance_id for pod in pods]
+    assert ids == pods  # the same ConfigMap, one instance_id per pod
+    # A rollout replaces one pod at a time: the others keep their shares meanwhile.
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"]["maxUnavailable"] == 1
+    assert strategy["rollingUpdate"]["maxSurge"] in {0, 1}
+
+
+def test_the_pods_spread_over_nodes_yet_schedule_on_one() -> None:
+    pod = resource("Deployment")["spec"]["template"]
+    constraints = pod["spec"]["topologySpreadConstraints"]
+    assert "kubernetes.io/hostname" in {c["topologyKey"] for c in constraints}
+    for constraint in constraints:
+        assert constraint["maxSkew"] == 1
+        assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"  # one node is enough
+        selector = constraint["labelSelector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+    anti = pod["spec"].get("affinity", {}).get("podAntiAffinity", {})
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+
+
+def test_the_disruption_budget_lets_one_pod_go_at_a_time() -> None:
+    deployment = resource("Deployment")
+    budget = resource("PodDisruptionBudget")["spec"]
+    assert budget["selector"] == deployment["spec"]["selector"]
+    assert budget["selector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert len({"maxUnavailable", "minAvailable"} & set(budget)) == 1
+    if "maxUnavailable" in budget:
+        allowed = budget["maxUnavailable"]
+    else:
+        allowed = deployment["spec"]["replicas"] - budget["minAvailable"]
+    assert allowed == 1
+    # Readiness reports Vault and the credentials, so every pod can be not ready at once: a
+    # drain must still be able to evict them.
+    assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+
+
+def test_the_install_guides_set_the_instance_id_as_the_deployment_does() -> None:
+    (container,) = resource("Deployment")["spec"]["template"]["spec"]["containers"]
+    (variable,) = [v["name"] for v in container["env"] if "valueFrom" in v]
+    assert variable in (ROOT / "docs" / "install-containers.md").read_text()
+    systemd = (ROOT / "docs" / "install-systemd.md").read_text()
+    drop_ins = re.findall(r"^\s*Environment=(KEYTURN_\w+)=(\S+)$", systemd, re.MULTILINE)
+    assert [name for name, _ in drop_ins] == [variable]
+    for name, value in drop_ins:
+        config = load_config(DEPLOY / "keyturn.example.toml", {name: value})
+        assert config.keyturn.instance_id == value
+
+
+def kubernetes_config(environ: dict[str, str] | None = None) -> Config:
     configmap = resource("ConfigMap")
     deployment = resource("Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -473,7 +544,7 @@ def kubernetes_config() -> Config:
     assert "subPath" not in mount  # a directory mount: ConfigMap updates reach the pod
     config_path = container["args"][container["args"].index("-c") + 1]
     assert config_path == f"{mount['mountPath']}/keyturn.toml"
-    return parse_config(configmap["data"]["keyturn.toml"], config_path, {})
+    return parse_config(configmap["data"]["keyturn.toml"], config_path, environ or {})
 
 
 def test_the_configmap_holds_a_configuration_keyturn_loads_without_secrets() -> None:

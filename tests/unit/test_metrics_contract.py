@@ -131,6 +131,7 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     observer.vault_token(clock.time() + 3600, authenticated=True)
     observer.heartbeat()
     observer.credentials_configured(1)
+    observer.membership(3, 1)
     with_usage(registry, clock, reads=True)
     return registry, observer
 
@@ -146,7 +147,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_document_has_all_its_tables() -> None:
     rows = doc_rows()
-    assert len(rows) == 28
+    assert len(rows) == 30
     assert rows["keyturn_credential_ready"].labels == {"credential", "provider", "kind"}
     assert rows["keyturn_build_info"].labels == {"version", "python"}
     assert rows["keyturn_schedule_lateness_seconds"].labels == frozenset()

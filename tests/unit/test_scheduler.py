@@ -163,3 +163,26 @@ async def test_status_is_a_read_only_view_and_a_crash_keeps_the_last_state() -> 
     assert view.state is not None
     assert (view.state.token.published_version, view.state.token.phase) == (7, "failing")
     assert [v.name for v in scheduler.statuses()] == ["flaky"]
+
+
+async def test_only_the_share_is_planned_and_a_moved_share_is_followed() -> None:
+    """With several instances the scheduler runs only what `owns` names; `reassign` runs the
+    credentials that came in at once and stops planning those that left."""
+    jobs = {name: Probe(name, next_in=0.02) for name in ("a", "b", "c")}
+    share = {"a", "b"}
+    scheduler = CredentialScheduler(jobs.values(), clock=CLOCK)
+    scheduler.start(owns=lambda name: name in share)
+    await wait_until(lambda: jobs["a"].runs >= 2 and jobs["b"].runs >= 2)
+    assert jobs["c"].runs == 0
+    assert [view.name for view in scheduler.statuses()] == ["a", "b"]
+
+    share.clear()
+    share.update({"b", "c"})
+    assert scheduler.reassign() == {"added": ["c"], "removed": ["a"]}
+    await wait_until(lambda: jobs["c"].runs >= 2)
+    runs_of_a = jobs["a"].runs
+    await asyncio.sleep(0.1)  # several of a's former periods
+    assert await scheduler.shutdown(timeout=5)
+    assert jobs["a"].runs <= runs_of_a + 1  # at most the run in progress when it left
+    assert scheduler.owned == frozenset({"b", "c"})
+    assert scheduler.status_of("a") is not None and scheduler.status_of("a").next_due is None

@@ -10,12 +10,15 @@ import pytest
 
 from keyturn.clock import FakeClock, rfc3339
 from keyturn.commands.status import (
+    _INSTANCE_COLUMNS,
     EXIT_ERROR,
     EXIT_NOT_OK,
     EXIT_OK,
     StatusRow,
     exit_code,
+    instance_rows,
     relative,
+    render_columns,
     render_json,
     render_table,
     select,
@@ -24,6 +27,7 @@ from keyturn.commands.status import (
 )
 from keyturn.config import Config, parse_config
 from keyturn.layout import state_path
+from keyturn.members import Membership
 from keyturn.state import CredentialState, LeaseRecord, RotationJournal, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 
@@ -450,3 +454,41 @@ async def test_the_consumers_column_shows_the_daemons_counts_or_a_dash(
     assert [json.loads(line)["consumers"] for line in render_json(unknown).split("\n")] == [
         None
     ] * 3
+
+
+# -- --instances ------------------------------------------------------------------------------
+
+
+async def test_instances_lists_live_and_gone_members_with_their_shares() -> None:
+    """Rows come from the members record the daemons write (`Membership`), judged by the age
+    of each last beat; the shares of the live ones add up to every credential."""
+    clock = FakeClock()
+    store = FakeVaultStore(clock=clock)
+    config = parse_config(CONFIG, "keyturn.toml", {"VAULT_TOKEN": "unused"})
+
+    def member(instance: str) -> Membership:
+        return Membership(
+            store,
+            state_prefix=config.keyturn.state_prefix,
+            instance_id=instance,
+            takeover_after=config.keyturn.takeover_after,
+            clock=clock,
+            host=f"host-{instance}",
+            address=f"http://10.0.0.{instance[-1]}:9464",
+            pid=100 + int(instance[-1]),
+        )
+
+    gone, alive = member("k1"), member("k2")
+    await gone.join()
+    clock.advance(60.0)  # k1 stopped beating a minute ago
+    await alive.join()
+    rows = await instance_rows(config, store, clock)
+    assert [(row.instance, row.live) for row in rows] == [("k2", True), ("k1", False)]
+    assert rows[0].credentials == len(config.credentials) and rows[1].credentials == 0
+    assert rows[0].host == "host-k2" and rows[0].pid == 102
+    table = render_columns(rows, clock.time(), _INSTANCE_COLUMNS)
+    header, first, second = table.splitlines()
+    assert header.split()[:3] == ["INSTANCE", "STATE", "HOST"]
+    assert first.split()[:2] == ["k2", "live"] and second.split()[:2] == ["k1", "gone"]
+    assert "60s ago" in second
+    assert json.loads(json.dumps(rows[1].as_json()))["last_beat"] == rfc3339(clock.time() - 60.0)

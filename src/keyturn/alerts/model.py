@@ -58,6 +58,8 @@ DETECTORS: tuple[str, ...] = (
     "usage_source_down",
     # a previous key revoked at max_grace while consumers still read it (keyturn.jobs.rotation)
     "consumers_not_moved",
+    # several instances (keyturn.members): a shared instance_id, a skewed clock, no heartbeat
+    "instance_membership",
 )
 
 _SECRET_WORDS = "|".join(

@@ -1,4 +1,6 @@
 """`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault.
+`keyturn status -c FILE --instances [--json]`: one row per keyturn instance in the members
+record (`keyturn.members`): live or gone, and how many credentials its share holds.
 
 Status comes from keyturn's private state and the published paths, not from a running
 process, so it shows the truth whichever instance (or none) is running. A rotation waiting
@@ -19,17 +21,21 @@ import argparse
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from keyturn.clock import Clock, SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
 from keyturn.layout import state_path
+from keyturn.members import members_path, owner, read_members
 from keyturn.state import CredentialState
 from keyturn.vault.store import KvStore
+
+Row = TypeVar("Row")
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the configuration, Vault, a record or a NAME: status could not be read
@@ -78,9 +84,35 @@ class StatusRow:
         return values
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    """One keyturn instance as the members record shows it. `live` is judged by the age of
+    its last beat on this host's clock (a one-shot command sees the record once)."""
+
+    instance: str
+    live: bool
+    host: str
+    pid: int
+    address: str | None
+    started: float
+    last_beat: float
+    credentials: int  # in its share, by the live instances of this record
+    skew: float | None  # its clock minus Vault's, as it measured
+
+    def as_json(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["started"], values["last_beat"] = rfc3339(self.started), rfc3339(self.last_beat)
+        return values
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
-    parser.add_argument("--json", action="store_true", help="one JSON object per credential")
+    parser.add_argument("--json", action="store_true", help="one JSON object per row")
+    parser.add_argument(
+        "--instances",
+        action="store_true",
+        help="the keyturn instances sharing this configuration, instead of the credentials",
+    )
     parser.add_argument(
         "names", nargs="*", metavar="NAME", help="only these credentials (default: all)"
     )
@@ -121,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     from keyturn.vault.open import open_vault_store  # noqa: PLC0415
 
     clock = SystemClock()
+    if args.instances:
+        return show_instances(config, clock, as_json=args.json)
 
     async def collect() -> list[StatusRow]:
         counts = await asyncio.to_thread(consumer_counts, config)
@@ -140,6 +174,55 @@ def run(args: argparse.Namespace) -> int:
         if row.phase == UNKNOWN:
             print(f"keyturn status: {row.last_error}", file=sys.stderr)
     return exit_code(rows)
+
+
+def show_instances(config: Config, clock: Clock, *, as_json: bool) -> int:
+    """`--instances`: print the members record; 0 once it could be read."""
+    from keyturn.vault.open import open_vault_store  # noqa: PLC0415
+
+    async def collect() -> list[InstanceRow]:
+        store = await open_vault_store(config, clock=clock)
+        try:
+            return await instance_rows(config, store, clock)
+        finally:
+            await store.close()
+
+    try:
+        rows = asyncio.run(collect())
+    except KeyturnError as error:
+        print(f"keyturn status: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    if as_json:
+        print("\n".join(json.dumps(row.as_json()) for row in rows))
+    elif rows:
+        print(render_columns(rows, clock.time(), _INSTANCE_COLUMNS))
+    else:
+        print(f"no keyturn instance has written a heartbeat under {config.keyturn.state_prefix}")
+    return EXIT_OK
+
+
+async def instance_rows(config: Config, store: KvStore, clock: Clock) -> list[InstanceRow]:
+    """Every instance in the members record, live ones first, with its share's size."""
+    path = members_path(config.keyturn.state_prefix)
+    members = read_members(await store.read(path, consistent=True), path)
+    now, takeover = clock.time(), config.keyturn.takeover_after
+    live = sorted(name for name, m in members.items() if now - m.beat_at < takeover)
+    shares = Counter(owner(c.name, live) for c in config.credentials)
+    rows = [
+        InstanceRow(
+            instance=name,
+            live=name in live,
+            host=m.host,
+            pid=m.pid,
+            address=m.address,
+            started=m.started,
+            last_beat=m.beat_at,
+            credentials=shares.get(name, 0),
+            skew=m.skew,
+        )
+        for name, m in members.items()
+    ]
+    return sorted(rows, key=lambda row: (not row.live, row.instance))
 
 
 def exit_code(rows: Sequence[StatusRow]) -> int:
@@ -297,11 +380,31 @@ def printable(cell: str) -> str:
     return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in cell)
 
 
+_INSTANCE_COLUMNS: tuple[tuple[str, Callable[[InstanceRow, float], str]], ...] = (
+    ("INSTANCE", lambda row, now: row.instance),
+    ("STATE", lambda row, now: "live" if row.live else "gone"),
+    ("HOST", lambda row, now: row.host),
+    ("PID", lambda row, now: str(row.pid)),
+    ("STARTED", lambda row, now: when(row.started, now)),
+    ("LAST BEAT", lambda row, now: relative(row.last_beat, now)),
+    ("CREDENTIALS", lambda row, now: str(row.credentials)),
+    ("CLOCK SKEW", lambda row, now: "-" if row.skew is None else f"{row.skew:+.1f}s"),
+    ("ADDRESS", lambda row, now: _text(row.address)),
+)
+
+
 def render_table(rows: Sequence[StatusRow], now: float) -> str:
     """Aligned columns, times relative to `now` and absolute (UTC)."""
-    table = [[header for header, _ in _COLUMNS]]
-    table += [[printable(cell(row, now)) for _, cell in _COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(_COLUMNS) - 1)]
+    return render_columns(rows, now, _COLUMNS)
+
+
+def render_columns(
+    rows: Sequence[Row], now: float, columns: Sequence[tuple[str, Callable[[Row, float], str]]]
+) -> str:
+    """`rows` as aligned `columns` (header, cell); the last column is not padded."""
+    table = [[header for header, _ in columns]]
+    table += [[printable(cell(row, now)) for _, cell in columns] for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns) - 1)]
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True))
         + "  "

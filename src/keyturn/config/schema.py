@@ -247,7 +247,9 @@ class DaemonSettings(Table):
     and locks. state_prefix: keyturn's private KV prefix, which apps must not read.
     vault_concurrency: threads for (blocking) hvac calls. watch_interval: seconds between
     sweeps of the published paths for changes made outside keyturn (0: none), which
-    on_external_change puts right ("republish") or only reports ("alert")."""
+    on_external_change puts right ("republish") or only reports ("alert"). takeover_after:
+    an instance whose heartbeat has not moved for this long is gone, and the others take
+    its share of the credentials (`keyturn.members`)."""
 
     instance_id: Annotated[
         str, text("an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}"))
@@ -259,6 +261,7 @@ class DaemonSettings(Table):
     shutdown_timeout: Annotated[float, TIMEOUT] = 30.0
     watch_interval: Annotated[float, duration(off=True, minimum=1.0, maximum=7 * DAY)] = 300.0
     on_external_change: Annotated[ExternalChangeResponse, ONE_OF] = "republish"
+    takeover_after: Annotated[float, duration(minimum=3.0, maximum=HOUR)] = 30.0
 
 
 @dataclass(frozen=True, slots=True, config=TABLE)

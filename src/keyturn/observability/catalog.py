@@ -159,6 +159,12 @@ HEARTBEAT = _gauge(
     "updated every few seconds by the event loop; stale means the loop is stalled",
 )
 CREDENTIALS = _gauge("keyturn_credentials", "credentials configured")
+INSTANCES = _gauge(
+    "keyturn_instances", "keyturn instances this one counts as alive, itself included"
+)
+CREDENTIALS_OWNED = _gauge(
+    "keyturn_credentials_owned", "credentials in this instance's share (all of them when alone)"
+)
 
 # -- usage (with [usage]: keyturn.usage.metrics.UsageCollector, computed at scrape time) -------
 CONSUMER_READS = _counter(
@@ -257,6 +263,7 @@ DETECTORS = frozenset(
         "published_path_written",
         "usage_source_down",
         "consumers_not_moved",
+        "instance_membership",
     }
 )
 SEVERITIES = frozenset({"info", "warning", "critical"})

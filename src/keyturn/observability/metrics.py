@@ -301,7 +301,7 @@ class PrometheusObserver:
 
     Besides the events it takes what only the daemon knows, as methods: `lateness`,
     `alert_delivery`, `sink_write` (the sinks' `on_result`), `vault_operation` (the Vault
-    store's `on_operation`), `vault_token`, `heartbeat` and `credentials_configured`.
+    store's `on_operation`), `vault_token`, `heartbeat`, `credentials_configured` and `membership`.
     Label words outside their bounded sets are exposed as `other`; nothing here ever receives
     a secret.
     """
@@ -344,6 +344,10 @@ class PrometheusObserver:
         build.labels(keyturn.__version__, platform.python_version()).set(1)
         self._credentials_configured = Gauge(
             c.CREDENTIALS.name, c.CREDENTIALS.help, registry=registry
+        )
+        self._instances = Gauge(c.INSTANCES.name, c.INSTANCES.help, registry=registry)
+        self._credentials_owned = Gauge(
+            c.CREDENTIALS_OWNED.name, c.CREDENTIALS_OWNED.help, registry=registry
         )
         self._registry = registry
         self._state = _StateCollector(self)
@@ -437,6 +441,11 @@ class PrometheusObserver:
 
     def credentials_configured(self, count: int) -> None:
         self._credentials_configured.set(count)
+
+    def membership(self, instances: int, owned: int) -> None:
+        """How many instances share the work (`keyturn.members`), and this one's share."""
+        self._instances.set(instances)
+        self._credentials_owned.set(owned)
 
     def forget(self, credential: str) -> None:
         """Drop every series of a credential that is no longer configured."""

@@ -1,0 +1,451 @@
+"""Several instances, one configuration: which instances are alive, and whose each credential is.
+
+Every daemon keeps an entry in one record, `<state_prefix>/_members`: one field per instance
+id holding its session, host, address, start, a beat counter and when it beat. Each beat is
+one consistent read and one check-and-set write of that record (a lost check-and-set reads
+and writes again), so membership lives in the store every instance already shares, with no
+LIST, no delete permission and no consensus of keyturn's own. A daemon that stops leaves:
+it takes its entry out at once and its share moves without waiting.
+
+An instance is alive while its beat counter moves. The judge measures that on its own
+monotonic clock: clock skew between hosts does not move a takeover. An entry seen for the
+first time is dated by its own `beat_at`; that is the only place another host's wall clock
+counts. Each instance also measures its own skew against Vault's clock (its `beat_at` against
+the `created_time` Vault gave the version it wrote) and warns when it is off by more than
+SKEW_WARNING: leases are dated by wall clocks.
+
+Shares: a credential belongs to the live instance with the highest rendezvous weight
+(`owner`), so when an instance comes or goes only its own share moves. An instance plans,
+reads and sweeps only its share; the per-credential lease still guards every run, so a brief
+disagreement about membership costs a skipped run, never a refresh token presented twice.
+Alone, an instance owns everything, as before there were several.
+
+Two instances with the same `instance_id` would take each other's leases for their own: the
+younger one stands down (owns nothing) and says so at every beat until the elder is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from keyturn.clock import Clock
+from keyturn.errors import KeyturnError, VaultCasConflict, VaultDataError
+from keyturn.logs import get_logger
+from keyturn.vault.store import KvEntry, KvStore
+
+log = get_logger("keyturn.members")
+
+RECORD = "_members"  # under the state prefix, beside the credentials' records
+BEATS_PER_TAKEOVER = 3  # an instance beats this many times within `takeover_after`
+WRITE_ATTEMPTS = 3  # check-and-set attempts per beat before the beat counts as failed
+SKEW_WARNING = 2.0  # seconds between this host's clock and Vault's that are worth a warning
+FORGET_AFTER = 3600.0  # a gone instance's entry is dropped this long after its last beat
+SKEW_EVERY = 60.0  # seconds between reads made only to measure this host's clock against Vault's
+
+
+def members_path(state_prefix: str) -> str:
+    return f"{state_prefix.strip('/')}/{RECORD}"
+
+
+def weight(instance: str, credential: str) -> int:
+    """The rendezvous weight of `instance` for `credential`: the same on every host."""
+    digest = hashlib.blake2b(f"{instance}\0{credential}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def owner(credential: str, instances: Iterable[str]) -> str | None:
+    """The instance a credential belongs to among `instances` (None if there are none)."""
+    return max(instances, key=lambda i: (weight(i, credential), i), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One instance's entry in the record (no secrets: names, times and a counter)."""
+
+    instance: str
+    session: str  # random per process: tells a restart, or a namesake, from the same process
+    host: str
+    address: str | None  # its /metrics URL, for people
+    pid: int
+    started: float  # epoch seconds, its own clock
+    beat: int  # moves at every beat: what "alive" is judged by
+    beat_at: float  # epoch seconds of the last beat, its own clock
+    skew: float | None = None  # its clock minus Vault's, as it last measured
+
+    def to_json(self) -> str:
+        fields = asdict(self)
+        del fields["instance"]  # the record's field name
+        return json.dumps(fields, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, instance: str, text: str, path: str) -> Member:
+        """Parse one field of the record; a malformed entry names the instance."""
+        try:
+            raw = json.loads(text)
+            skew = raw.get("skew")
+            return cls(
+                instance=instance,
+                session=str(raw["session"]),
+                host=str(raw["host"]),
+                address=None if raw.get("address") is None else str(raw["address"]),
+                pid=int(raw["pid"]),
+                started=float(raw["started"]),
+                beat=int(raw["beat"]),
+                beat_at=float(raw["beat_at"]),
+                skew=None if skew is None else float(skew),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise VaultDataError(
+                f"members record: the entry of instance {instance} is malformed "
+                f"({type(exc).__name__})",
+                path=path,
+            ) from None
+
+
+def read_members(entry: KvEntry | None, path: str) -> dict[str, Member]:
+    """The record's entries by instance id ({} before any instance beat). A malformed entry
+    is logged and left out (the next beat writes the record without it): one bad field must
+    not stop every instance's heartbeat."""
+    members = {}
+    for name, text in (entry.data if entry is not None else {}).items():
+        try:
+            members[name] = Member.from_json(name, text, path)
+        except VaultDataError as error:
+            log.warning("members.entry_malformed", instance=name, error=str(error))
+    return members
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What this instance last saw of another: its session and beat, and when (monotonic)."""
+
+    session: str
+    beat: int
+    at: float
+
+
+class Membership:
+    """This instance's entry in the record, its view of the others, and its share.
+
+    `join` before the first runs, `beat` every `interval` seconds, `leave` when stopping.
+    `owns(name)` answers from the last view; `join` and `beat` return whether the share may
+    have changed (the set of live instances moved, or this one stood down or came back):
+    then the caller plans again who runs what."""
+
+    def __init__(
+        self,
+        store: KvStore,
+        *,
+        state_prefix: str,
+        instance_id: str,
+        takeover_after: float,
+        clock: Clock,
+        host: str,
+        address: str | None = None,
+        pid: int = 0,
+        session: str | None = None,
+        on_problem: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._path = members_path(state_prefix)
+        self._clock = clock
+        self.instance = instance_id
+        self.takeover_after = takeover_after
+        self._me = Member(
+            instance=instance_id,
+            session=session or secrets.token_hex(8),
+            host=host,
+            address=address,
+            pid=pid,
+            started=clock.time(),
+            beat=0,
+            beat_at=clock.time(),
+        )
+        # Told of what on-call must hear (kind, message): a namesake, skew, a failing beat.
+        self._on_problem = on_problem or (lambda _kind, _message: None)
+        self._seen: dict[str, Seen] = {}  # the other instances, by id
+        self._members: dict[str, Member] = {}
+        self._live: tuple[str, ...] = (instance_id,)
+        self._owned: dict[str, bool] = {}  # owns() answers, until the live set moves
+        # Another process writing under our id (a namesake) that is older: while it beats,
+        # this one owns nothing; it is watched here.
+        self._namesake: Seen | None = None
+        # A crashed process's (session, beat) under our id, replaced at join: its entry is not
+        # a namesake's unless that beat moves again.
+        self._predecessor: tuple[str, int] | None = None
+        self._written: int | None = None  # the record version of this instance's last beat
+        self._last_written_at: float | None = None  # monotonic
+        self._skew_warned = False
+        self._skew_measured: float | None = None  # monotonic
+
+    @property
+    def interval(self) -> float:
+        """Seconds between beats."""
+        return self.takeover_after / BEATS_PER_TAKEOVER
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """The instance ids this one counts as alive, sorted, its own included (while it
+        stands down, its id is the namesake's)."""
+        return self._live
+
+    @property
+    def standing_down(self) -> bool:
+        return self._namesake is not None
+
+    def owns(self, credential: str) -> bool:
+        """Whether `credential` is in this instance's share, by the last view."""
+        if self._namesake is not None:
+            return False
+        owned = self._owned.get(credential)
+        if owned is None:
+            owned = self._owned[credential] = owner(credential, self._live) == self.instance
+        return owned
+
+    def members(self) -> dict[str, Member]:
+        """The record's entries as last read (this instance's as last written)."""
+        return dict(self._members)
+
+    async def join(self) -> bool:
+        """The first beat. If the record holds a recent entry under this instance id from
+        another process, wait one beat to learn whether it is a crashed predecessor (it
+        stays still: take its place) or a namesake (it moves: stand down)."""
+        entry = await self._read()
+        other = read_members(entry, self._path).get(self.instance) if entry else None
+        if other is not None and self._clock.time() - other.beat_at < self.takeover_after:
+            log.info("members.waiting", instance=self.instance, seconds=round(self.interval, 1))
+            await self._clock.sleep(self.interval + 1.0)
+            again = await self._read()
+            current = read_members(again, self._path).get(self.instance) if again else None
+            if current is not None and (current.session, current.beat) != (
+                other.session,
+                other.beat,
+            ):
+                self._stand_down(current)  # it moved: alive
+        if other is not None and not self.standing_down:
+            self._predecessor = (other.session, other.beat)  # still: crashed; we replace it
+        return await self.beat()
+
+    async def beat(self) -> bool:
+        """Read the record, judge who is alive, write this instance's entry (unless it stands
+        down). A failed beat keeps the last view."""
+        for _attempt in range(WRITE_ATTEMPTS):
+            try:
+                entry = await self._store.read(self._path, consistent=True)
+                members = read_members(entry, self._path)
+                self._measure_skew(entry)
+                was_down = self.standing_down
+                self._check_namesake(members.get(self.instance))
+                changed = self._judge(members) or was_down != self.standing_down
+                if self.standing_down:
+                    self._members = members
+                else:
+                    await self._write(entry, members)
+                    await self._check_clock()
+                return changed
+            except VaultCasConflict:
+                continue  # another instance beat between our read and our write
+            except KeyturnError as error:
+                self._beat_failed(error)
+                return False
+        self._beat_failed(None)
+        return False
+
+    async def leave(self) -> None:
+        """Take this instance's entry out of the record (stopping): its share moves now."""
+        if self.standing_down:
+            return
+        for _attempt in range(WRITE_ATTEMPTS):
+            try:
+                entry = await self._store.read(self._path, consistent=True)
+                members = read_members(entry, self._path)
+                mine = members.get(self.instance)
+                if entry is None or mine is None or mine.session != self._me.session:
+                    return
+                data = {name: m.to_json() for name, m in members.items() if name != self.instance}
+                await self._store.write(self._path, data, cas=entry.version)
+                log.info("members.left", instance=self.instance)
+                return
+            except VaultCasConflict:
+                continue
+            except KeyturnError as error:
+                log.warning("members.leave_failed", instance=self.instance, error=str(error))
+                return
+
+    # -- the view -----------------------------------------------------------------------------
+
+    def _judge(self, members: Mapping[str, Member]) -> bool:
+        """Which instances are alive now; True if that changed."""
+        now_mono, now = self._clock.monotonic(), self._clock.time()
+        live, seen = {self.instance}, {}
+        for name, member in members.items():
+            if name == self.instance:
+                continue
+            seen[name] = self._sighting(self._seen.get(name), member, now_mono, now)
+            if now_mono - seen[name].at < self.takeover_after:
+                live.add(name)
+        self._seen = seen
+        return self._set_live(tuple(sorted(live)), members)
+
+    @staticmethod
+    def _sighting(before: Seen | None, member: Member, now_mono: float, now: float) -> Seen:
+        """When `member` last moved, on this instance's monotonic clock: now if its session or
+        beat differs from the last look; at first sight, as long ago as its own clock says
+        (the one place another host's wall clock counts)."""
+        if before is not None and (before.session, before.beat) == (member.session, member.beat):
+            return before
+        age = 0.0 if before is not None else max(0.0, now - member.beat_at)
+        return Seen(member.session, member.beat, now_mono - age)
+
+    def _set_live(self, live: tuple[str, ...], members: Mapping[str, Member]) -> bool:
+        previous = set(self._live)
+        for name in sorted(set(live) - previous):
+            log.info("members.joined", instance=name, host=members[name].host)
+        for name in sorted(previous - set(live)):
+            reason = "silent" if name in members else "left"
+            log.warning("members.gone", instance=name, reason=reason)
+        if live == self._live:
+            return False
+        self._live, self._owned = live, {}
+        return True
+
+    # -- this instance's entry ----------------------------------------------------------------
+
+    async def _write(self, entry: KvEntry | None, members: Mapping[str, Member]) -> None:
+        """This instance's beat, with the others' entries as read (gone ones kept for an hour,
+        for `keyturn status --instances`)."""
+        now = self._clock.time()
+        me = replace(self._me, beat=self._me.beat + 1, beat_at=now)
+        kept = {
+            name: m
+            for name, m in members.items()
+            if name != self.instance and (name in self._live or now - m.beat_at < FORGET_AFTER)
+        }
+        data = {name: m.to_json() for name, m in kept.items()} | {self.instance: me.to_json()}
+        self._written = await self._store.write(
+            self._path, data, cas=entry.version if entry is not None else 0
+        )
+        self._me, self._last_written_at = me, self._clock.monotonic()
+        self._members = {**kept, self.instance: me}
+
+    async def _check_clock(self) -> None:
+        """Now and then read the record right after this instance's beat, while its version is
+        most likely still ours, to measure the skew (at other times another instance's beat
+        usually came between)."""
+        now = self._clock.monotonic()
+        if self._skew_measured is not None and now - self._skew_measured < SKEW_EVERY:
+            return
+        try:
+            self._measure_skew(await self._store.read(self._path, consistent=True))
+        except KeyturnError:
+            return  # the next beat tries again
+
+    def _measure_skew(self, entry: KvEntry | None) -> None:
+        """If the record's latest version is this instance's last beat, its clock's distance
+        from Vault's: `beat_at` was taken just before the write, `created_time` is Vault's."""
+        if entry is None or self._written is None or entry.version != self._written:
+            return
+        skew = round(self._me.beat_at - entry.created_time, 3)
+        self._me, self._skew_measured = replace(self._me, skew=skew), self._clock.monotonic()
+        if abs(skew) > SKEW_WARNING and not self._skew_warned:
+            self._skew_warned = True
+            log.warning("members.clock_skew", instance=self.instance, skew_seconds=skew)
+            self._on_problem(
+                "clock_skew",
+                f"the clock of instance {self.instance} is {skew:+.1f}s from Vault's; leases "
+                "are dated by wall clocks: keep the hosts in sync (NTP)",
+            )
+        elif abs(skew) <= SKEW_WARNING / 2 and self._skew_warned:
+            self._skew_warned = False
+            log.info("members.clock_in_sync", instance=self.instance, skew_seconds=skew)
+
+    def _check_namesake(self, holder: Member | None) -> None:
+        """Our id's entry as read. Written by another process (a namesake), the younger of the
+        two stands down; the one standing down comes back once the namesake left or went
+        silent for `takeover_after`."""
+        ours = (
+            holder is None
+            or holder.session == self._me.session
+            or (holder.session, holder.beat) == self._predecessor
+        )
+        if self._namesake is not None:
+            if ours:
+                self._resume()
+                return
+            assert holder is not None
+            sighting = self._sighting(
+                self._namesake, holder, self._clock.monotonic(), self._clock.time()
+            )
+            self._namesake = sighting
+            if self._clock.monotonic() - sighting.at >= self.takeover_after:
+                self._resume()
+            return
+        if ours:
+            return
+        assert holder is not None
+        self._report_namesake()
+        if (holder.started, holder.session) < (self._me.started, self._me.session):
+            self._stand_down(holder)
+
+    def _stand_down(self, holder: Member) -> None:
+        self._namesake = Seen(holder.session, holder.beat, self._clock.monotonic())
+        self._report_namesake()
+
+    def _resume(self) -> None:
+        self._namesake = None
+        log.info("members.resumed", instance=self.instance)
+
+    def _report_namesake(self) -> None:
+        log.error("members.duplicate_instance_id", instance=self.instance)
+        self._on_problem(
+            "duplicate_instance_id",
+            f"two keyturn processes run with instance_id {self.instance}: give each instance "
+            "its own; until then the younger one owns no credential",
+        )
+
+    def _beat_failed(self, error: KeyturnError | None) -> None:
+        """Logged at every failure; reported once the others count this instance as gone."""
+        now = self._clock.monotonic()
+        since = None if self._last_written_at is None else now - self._last_written_at
+        log.warning(
+            "members.beat_failed",
+            instance=self.instance,
+            error=str(error) if error else f"{WRITE_ATTEMPTS} check-and-set conflicts in a row",
+            seconds_since_last_beat=None if since is None else round(since, 1),
+        )
+        if since is None or since >= self.takeover_after:
+            self._on_problem(
+                "beat_failed",
+                f"instance {self.instance} has not written its heartbeat "
+                f"{'since it started' if since is None else f'for {since:.0f}s'}: the other "
+                "instances take its share; it keeps running it too (leases keep runs apart)",
+            )
+
+    async def _read(self) -> KvEntry | None:
+        try:
+            return await self._store.read(self._path, consistent=True)
+        except KeyturnError as error:
+            self._beat_failed(error)
+            return None
+
+
+def describe(member: Member, *, now: float, takeover_after: float) -> dict[str, Any]:
+    """One instance as `keyturn status --instances` shows it (judged by wall clock: a
+    one-shot command sees the record once)."""
+    age = now - member.beat_at
+    return {
+        "instance": member.instance,
+        "state": "live" if age < takeover_after else "gone",
+        "host": member.host,
+        "address": member.address,
+        "pid": member.pid,
+        "started": member.started,
+        "last_beat_age": round(age, 1) if math.isfinite(age) else None,
+        "skew": member.skew,
+    }

@@ -1,0 +1,263 @@
+"""Membership and shares (`keyturn.members`) over the in-memory Vault, on fake clocks: who is
+alive, whose each credential is, and what a namesake, a skewed clock or a failing heartbeat do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from keyturn.clock import FakeClock
+from keyturn.errors import VaultUnavailable
+from keyturn.members import Membership, members_path, owner
+from keyturn.testing.vault import FakeVaultStore
+
+CREDENTIALS = [f"cred-{i}" for i in range(60)]
+TAKEOVER = 30.0
+
+
+class Host:
+    """One instance's clock: wall time off Vault's by `skew`, its own monotonic clock."""
+
+    def __init__(self, vault_clock: FakeClock, skew: float = 0.0) -> None:
+        self.clock = FakeClock(start=vault_clock.time() + skew)
+
+
+def member(
+    store: FakeVaultStore,
+    clock: FakeClock,
+    instance: str,
+    problems: list[tuple[str, str]] | None = None,
+) -> Membership:
+    return Membership(
+        store,
+        state_prefix="keyturn/state",
+        instance_id=instance,
+        takeover_after=TAKEOVER,
+        clock=clock,
+        host=f"host-{instance}",
+        pid=1,
+        on_problem=(lambda kind, message: problems.append((kind, message)))
+        if problems is not None
+        else None,
+    )
+
+
+def share(m: Membership) -> set[str]:
+    return {name for name in CREDENTIALS if m.owns(name)}
+
+
+def advance(seconds: float, *clocks: FakeClock) -> None:
+    for clock in clocks:
+        clock.advance(seconds)
+
+
+async def test_a_lone_instance_owns_every_credential_and_its_entry_holds_no_secret() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    alone = member(store, vault, "k0")
+    await alone.join()
+    assert share(alone) == set(CREDENTIALS)
+    entry = await store.read(members_path("keyturn/state"))
+    assert entry is not None and set(entry.data) == {"k0"}
+    fields = json.loads(entry.data["k0"])
+    assert set(fields) == {
+        *("session", "host", "address", "pid", "started", "beat", "beat_at", "skew")
+    }
+    assert fields["beat"] == 1
+
+
+async def test_shares_are_disjoint_cover_everything_and_a_newcomer_takes_only_its_own() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a, b = member(store, vault, "k0"), member(store, vault, "k1")
+    await a.join()
+    await b.join()
+    await a.beat()
+    assert a.live == b.live == ("k0", "k1")
+    assert share(a) | share(b) == set(CREDENTIALS) and not share(a) & share(b)
+    assert share(a) and share(b)
+    before = {"k0": share(a), "k1": share(b)}
+
+    c = member(store, vault, "k2")
+    await c.join()
+    await a.beat()
+    await b.beat()
+    after = {"k0": share(a), "k1": share(b), "k2": share(c)}
+    assert set().union(*after.values()) == set(CREDENTIALS)
+    assert after["k2"], "the newcomer owns some"
+    # Only credentials that went to the newcomer moved: none between k0 and k1.
+    assert after["k0"] == before["k0"] - after["k2"]
+    assert after["k1"] == before["k1"] - after["k2"]
+    assert all(owner(name, ["k0", "k1", "k2"]) == "k2" for name in after["k2"])
+
+
+async def test_a_silent_instance_is_gone_after_takeover_after_not_before() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a, b = member(store, vault, "k0"), member(store, vault, "k1")
+    await a.join()
+    await b.join()
+    await a.beat()
+    b_share = share(b)
+    # b dies (no more beats); a keeps beating every interval.
+    elapsed = 0.0
+    while elapsed + a.interval < TAKEOVER:
+        advance(a.interval, vault)
+        elapsed += a.interval
+        assert not await a.beat() or a.live == ("k0", "k1")
+        assert a.live == ("k0", "k1"), f"gone after only {elapsed}s"
+    advance(TAKEOVER - elapsed, vault)
+    assert await a.beat() is True
+    assert a.live == ("k0",)
+    assert share(a) == set(CREDENTIALS) and b_share <= share(a)
+
+
+async def test_an_instance_that_leaves_is_gone_at_once() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a, b = member(store, vault, "k0"), member(store, vault, "k1")
+    await a.join()
+    await b.join()
+    await a.beat()
+    await b.leave()
+    assert await a.beat() is True
+    assert a.live == ("k0",) and share(a) == set(CREDENTIALS)
+    entry = await store.read(members_path("keyturn/state"))
+    assert entry is not None and set(entry.data) == {"k0"}
+
+
+async def test_a_skewed_clock_does_not_move_a_takeover_and_is_reported() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    behind = Host(vault, skew=-10.0).clock  # b's wall clock runs 10 s behind Vault's and a's
+    problems: list[tuple[str, str]] = []
+    a, b = member(store, vault, "k0"), member(store, behind, "k1", problems)
+    await a.join()
+    await b.join()
+    await a.beat()
+    # b keeps beating: never gone for a, although its beat_at looks 10 s old.
+    for _ in range(12):
+        advance(b.interval, vault, behind)
+        await b.beat()  # (measures its skew by a read right after its beat, once a minute)
+        await a.beat()
+        assert a.live == ("k0", "k1")
+    assert b.members()["k1"].skew is not None and abs(b.members()["k1"].skew + 10.0) < 0.01
+    assert [kind for kind, _ in problems] == ["clock_skew"]  # once, not at every beat
+    assert "k1" in problems[0][1] and "-10.0s" in problems[0][1]
+    # b dies: gone after takeover_after on a's clock, neither 10 s earlier nor later.
+    advance(TAKEOVER - 1.0, vault, behind)
+    await a.beat()
+    assert a.live == ("k0", "k1")
+    advance(1.0, vault, behind)
+    await a.beat()
+    assert a.live == ("k0",)
+
+
+async def test_a_namesake_stands_down_and_comes_back_when_the_elder_leaves() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    elder = member(store, vault, "k0", problems)
+    await elder.join()
+    advance(1.0, vault)
+    younger = member(store, vault, "k0", problems)
+    joining = asyncio.ensure_future(younger.join())
+    await asyncio.sleep(0)
+    # While the younger waits one beat, the elder beats: it is alive.
+    for _ in range(12):
+        advance(1.0, vault)
+        await elder.beat()
+        await asyncio.sleep(0)
+    await joining
+    assert younger.standing_down and share(younger) == set()
+    assert share(elder) == set(CREDENTIALS)
+    assert ("duplicate_instance_id" in {kind for kind, _ in problems}) and all(
+        "k0" in message for _, message in problems
+    )
+    # The elder stops: the younger takes the id back and owns everything again.
+    await elder.leave()
+    advance(younger.interval, vault)
+    assert await younger.beat() is True
+    assert not younger.standing_down and share(younger) == set(CREDENTIALS)
+
+
+async def test_a_namesake_taken_for_a_crashed_one_is_found_out_when_it_beats_again() -> None:
+    """The elder's beat failed while the younger waited, so it looked dead; its next beat
+    shows it alive: the younger stands down, and both report it."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    elder = member(store, vault, "k0", problems)
+    await elder.join()
+    advance(1.0, vault)
+    younger = member(store, vault, "k0", problems)
+    joining = asyncio.ensure_future(younger.join())
+    await asyncio.sleep(0)
+    advance(younger.interval + 1.0, vault)  # the elder does not beat meanwhile
+    await joining
+    assert not younger.standing_down and problems == []
+    await elder.beat()  # finds the younger's session under its id: reports, keeps its place
+    assert not elder.standing_down
+    advance(1.0, vault)
+    assert await younger.beat() is True  # finds the elder's, moving: stands down
+    assert younger.standing_down and share(younger) == set()
+    assert share(elder) == set(CREDENTIALS)
+    assert {kind for kind, _ in problems} == {"duplicate_instance_id"}
+
+
+async def test_a_restart_after_a_crash_takes_its_predecessors_place_without_a_report() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    crashed = member(store, vault, "k0")
+    await crashed.join()
+    advance(2.0, vault)
+    restarted = member(store, vault, "k0", problems)
+    joining = asyncio.ensure_future(restarted.join())
+    await asyncio.sleep(0)
+    advance(restarted.interval + 1.0, vault)  # the predecessor does not beat: it is dead
+    await joining
+    assert not restarted.standing_down and problems == []
+    assert share(restarted) == set(CREDENTIALS)
+    advance(restarted.interval, vault)
+    await restarted.beat()
+    assert problems == []
+
+
+async def test_a_heartbeat_that_cannot_be_written_keeps_the_view_and_is_reported() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    a, b = member(store, vault, "k0"), member(store, vault, "k1", problems)
+    await a.join()
+    await b.join()
+    await a.beat()
+    b_share = share(b)
+    elapsed = 0.0
+    while elapsed < TAKEOVER + b.interval:
+        advance(b.interval, vault)
+        elapsed += b.interval
+        store.fail_next(VaultUnavailable("vault is sealed"))
+        assert await b.beat() is False
+        await a.beat()
+    assert share(b) == b_share, "b keeps running its share"
+    assert b_share <= share(a), "and a took it over: no credential without an owner"
+    kinds = [kind for kind, _ in problems]
+    assert kinds and set(kinds) == {"beat_failed"} and "k1" in problems[0][1]
+
+
+async def test_a_malformed_entry_is_left_out_and_dropped_by_the_next_beat() -> None:
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a = member(store, vault, "k0")
+    await a.join()
+    path = members_path("keyturn/state")
+    entry = await store.read(path)
+    assert entry is not None
+    await store.write(path, {**entry.data, "broken": "{not json"}, cas=entry.version)
+    advance(a.interval, vault)
+    await a.beat()
+    assert a.live == ("k0",)
+    entry = await store.read(path)
+    assert entry is not None and set(entry.data) == {"k0"}
