@@ -42,6 +42,11 @@ log = get_logger("keyturn.job")
 # A lease is never shorter than this, whatever the token has left: a step must be able to
 # start. Renewals come every third of the lease.
 MIN_LEASE = 2.0
+# A run that finds another's lease looks again this soon (at the latest: the lease's end):
+# a holder usually lets go within a second, and with several instances the credential may now
+# be this instance's to run (the holder saw the share move and stopped planning it). Each
+# look is one read of the record.
+LEASE_RECHECK = 2.0
 
 # Called (credential, point) after a task stores a named journal point (the rotation's are
 # `keyturn.jobs.rotation.CHECKPOINTS`): a no-op in production; the crash tests inject one that
@@ -487,9 +492,10 @@ class CredentialJob:
         error = LeaseHeld(
             f"being worked on by instance {state.lease.owner or 'unknown'}", credential=self.name
         )
-        # Just after the lease ends (a dead holder's successor must not lose time), spread a
-        # little so that several instances do not race for it in step.
-        return Outcome("lease_held", until + self._rng.uniform(0.05, 0.3), state, error)
+        # Soon, or just after the lease ends (a dead holder's successor must not lose time),
+        # spread a little so that several instances do not race for it in step.
+        due = min(until, self._clock.time() + LEASE_RECHECK)
+        return Outcome("lease_held", due + self._rng.uniform(0.05, 0.3), state, error)
 
     def _failure_outcome(
         self, state: CredentialState, error: KeyturnError, failures: int, *, report: bool = True

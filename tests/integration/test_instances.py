@@ -1,0 +1,426 @@
+"""Three keyturn instances share one deployment on a 3-node OpenBao cluster on Raft storage.
+
+Each instance is a real `keyturn run` with its own `instance_id` (k0, k1, k2), pointed at its
+own node (`[vault] address`) and told the other two (`nodes`); they run the same keyturn.toml
+(`keyturn_devkit.harness.instances`). Meanwhile apps read every published path through a
+standby node and call the sandbox with what they read (`AppSampler`).
+
+0. Start the three at once, with 10-second tokens: no app reads an expired token (the first
+   instance up owns everything until the others have joined, then hands most of it over).
+1. SIGKILL one instance: every credential it published last is published again by another
+   instance within takeover_after plus one refresh window; no app reads an expired token, and
+   no refresh token is presented twice (the sandbox revokes a token family on reuse).
+2. Stop the Raft leader: after the election keyturn goes on publishing; no app reads an
+   expired token; every private record still holds a refresh token, the one the sandbox has
+   active, of the same family as before.
+3. A rolling restart (SIGTERM one instance, wait for its exit, start it again with the same id,
+   the next one): no app reads an expired token, and the sandbox sees no token request at all,
+   every token being valid for longer than the restart takes.
+
+The figures (takeover time per credential, election time, app reads) are printed (run with
+-s); the only time asserted is the takeover bound.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.raft import OpenBaoRaftCluster
+from keyturn_devkit.dev.sandbox import SandboxProcess
+from keyturn_devkit.harness.apps import AppSampler
+from keyturn_devkit.harness.deployment import Deployment, prepare_deployment
+from keyturn_devkit.harness.instances import Instances, read_published, read_record
+
+pytestmark = [pytest.mark.openbao, pytest.mark.slow, pytest.mark.sandbox]
+
+CREDENTIALS = [f"c{i}" for i in range(6)]
+# Rendezvous hashing (keyturn.members.owner) gives each of these ids a share of these names:
+# k0 {c2}, k1 {c0, c1, c4}, k2 {c3, c5}.
+INSTANCE_IDS = ["k0", "k1", "k2"]
+TAKEOVER_AFTER = 3.0
+
+# Every refresh 0.3 ± 0.1 of the lifetime after the issue, so a token has at least 0.6 of
+# its lifetime left when due: more than a takeover needs (takeover_after, and up to one beat,
+# takeover_after / 3, to notice) for lifetimes from 10 s. Several cycles per test.
+REFRESH = {"at": 0.3, "jitter": 0.1, "margin": "2s", "min_interval": "500ms"}
+# Test 0: 10-second tokens, shorter than a lease taken on a first run (one step: the
+# provider's timeout, 3 s here, plus keyturn.jobs.build.LEASE_SLACK, 10 s).
+START_LIFETIME = 10
+# Tests 1 and 2: 20-second tokens, and the event comes once the start is over (every
+# instance joined, every first-run lease ended, every credential refreshed by its owner).
+LIFETIME = 20
+REFRESH_WINDOW = (0.3 + 0.1) * LIFETIME  # the longest time from a publish to the next
+SETTLED = 2 * REFRESH_WINDOW
+# Test 3: 120-second tokens with the default refresh point (0.66 ± 0.1): none is due before
+# 67 s after its issue, longer than starting the fleet and restarting it take.
+LONG_LIFETIME = 120
+LONG_REFRESH = {"margin": "5s", "min_interval": "500ms"}
+EARLIEST_LONG_REFRESH = (0.66 - 0.1) * LONG_LIFETIME
+BACKOFF = {"initial": "200ms", "max": "1s"}
+
+
+def sandbox_for(tmp_path: Path, lifetime: int) -> SandboxProcess:
+    return SandboxProcess(config={"access_token_lifetime": lifetime}, workdir=tmp_path / "sb")
+
+
+@pytest.fixture
+def sandbox_start(tmp_path: Path) -> Iterator[SandboxProcess]:
+    with sandbox_for(tmp_path, START_LIFETIME) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def sandbox_short(tmp_path: Path) -> Iterator[SandboxProcess]:
+    with sandbox_for(tmp_path, LIFETIME) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def sandbox_long(tmp_path: Path) -> Iterator[SandboxProcess]:
+    with sandbox_for(tmp_path, LONG_LIFETIME) as sandbox:
+        yield sandbox
+
+
+def deploy(
+    cluster: OpenBaoRaftCluster, sandbox: SandboxProcess, workdir: Path, refresh: dict[str, Any]
+) -> Deployment:
+    """Six credentials under a namespace of their own (their own `_members` record too)."""
+    keyturn = {"takeover_after": f"{TAKEOVER_AFTER:g}s"}
+    return prepare_deployment(
+        cluster,  # type: ignore[arg-type]  # stands in for a dev server: address, root_token
+        sandbox,
+        workdir,
+        CREDENTIALS,
+        namespace=f"i{uuid.uuid4().hex[:8]}",
+        keyturn=keyturn,
+        credential={"refresh": refresh, "backoff": BACKOFF},
+    )
+
+
+def apps_for(
+    cluster: OpenBaoRaftCluster, sandbox: SandboxProcess, deployment: Deployment
+) -> AppSampler:
+    """Apps reading through a standby node (the leader in test 2 is another node)."""
+    node = cluster.standbys()[0]
+    return AppSampler(
+        node.address, cluster.root_token, sandbox.base_url, deployment.publish_to, interval=0.25
+    )
+
+
+def wait_all_published(apps: AppSampler) -> None:
+    for name in CREDENTIALS:
+        apps.wait_version(name, 1, timeout=30)
+
+
+def published_after(
+    cluster: OpenBaoRaftCluster,
+    deployment: Deployment,
+    names: Sequence[str],
+    moment: float,
+    timeout: float,
+) -> dict[str, float]:
+    """Seconds from `moment` to the first version of each of `names` that Vault created after
+    it (read from the published paths' metadata until every name has one, bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+        firsts = {name: seen[name].first_after(moment) for name in names if name in seen}
+        found = {name: at - moment for name, at in firsts.items() if at is not None}
+        if len(found) == len(names):
+            return found
+        if time.monotonic() >= deadline:
+            missing = sorted(set(names) - set(found))
+            pytest.fail(f"not published again within {timeout:g}s: {missing}")
+        time.sleep(0.2)
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.time()))
+
+
+def tokens_of(sandbox: SandboxProcess, deployment: Deployment) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: sandbox.admin.list_tokens(client["client_id"])
+        for name, client in deployment.clients.items()
+    }
+
+
+def revoked_families(tokens: dict[str, list[dict[str, Any]]]) -> dict[str, set[tuple[str, str]]]:
+    """Per credential, the families the sandbox revoked and why."""
+    revoked = {
+        name: {
+            (t["family_id"], str(t["revoke_reason"])) for t in issued if t["status"] == "revoked"
+        }
+        for name, issued in tokens.items()
+    }
+    return {name: found for name, found in revoked.items() if found}
+
+
+def families(issued: list[dict[str, Any]]) -> set[str]:
+    return {t["family_id"] for t in issued}
+
+
+def used_after(issued: list[dict[str, Any]], moment: float) -> int:
+    """How many refresh tokens were exchanged after `moment`."""
+    return sum(
+        t["kind"] == "refresh" and t["used_at"] is not None and parse_rfc3339(t["used_at"]) > moment
+        for t in issued
+    )
+
+
+def token_requests(sandbox: SandboxProcess, deployment: Deployment) -> dict[str, int]:
+    """Per credential, the requests the sandbox authenticated the client for: token
+    requests (any grant) and revocations (`usage.request_count` counts the apps' calls too)."""
+    return {
+        name: int(sandbox.admin.get_oauth_app(client["client_id"])["usage"]["oauth_requests"])
+        for name, client in deployment.clients.items()
+    }
+
+
+def refresh_token_reuses(sandbox: SandboxProcess, deployment: Deployment) -> int:
+    return sum(
+        int(sandbox.admin.get_oauth_app(client["client_id"])["usage"]["refresh_token_reuses"])
+        for client in deployment.clients.values()
+    )
+
+
+def print_apps(what: str, apps: AppSampler) -> None:
+    print(f"{what}: apps {apps.summary()}")
+    for read in [*apps.expired(), *apps.refused()][:10]:
+        print(f"  {read}")
+
+
+# -- 0. three instances start at once ------------------------------------------------------
+
+
+def test_instances_started_together_serve_every_app(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_start: SandboxProcess, tmp_path: Path
+) -> None:
+    """The three start side by side: the first one up owns every credential and runs its
+    first refreshes, the others join and take their shares. No app reads an expired token,
+    even when the tokens live shorter than a first run's lease."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_start, tmp_path, REFRESH)
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, cluster.addresses)
+    apps = apps_for(cluster, sandbox_start, deployment)
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        time.sleep(2 * START_LIFETIME)
+    finally:
+        apps.stop()
+        codes = fleet.stop()
+    published = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+    tokens = tokens_of(sandbox_start, deployment)
+    started = {
+        i: [e.get("instances") for e in fleet[i].events("daemon.started")] for i in fleet.ids
+    }
+    print(
+        f"\nstarted together (members each saw at start: {started}); versions "
+        + ", ".join(f"{n} v{p.version} by {p.writer}" for n, p in sorted(published.items()))
+        + "; longest time between two publishes: "
+        + ", ".join(f"{n} {p.longest_gap():.1f}s" for n, p in sorted(published.items()))
+    )
+    print_apps("started together", apps)
+    assert codes == dict.fromkeys(INSTANCE_IDS, 0)
+    assert apps.expired() == [] and apps.refused() == []
+    assert refresh_token_reuses(sandbox_start, deployment) == 0
+    assert revoked_families(tokens) == {}
+    assert all(p.version >= 3 for p in published.values()), published  # several cycles
+
+
+# -- 1. an instance is killed --------------------------------------------------------------
+
+
+def test_a_killed_instances_credentials_are_taken_over(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_short: SandboxProcess, tmp_path: Path
+) -> None:
+    """SIGKILL the instance that published the most credentials last (it cannot leave the
+    members record): another instance publishes each of them again within takeover_after plus
+    one refresh window, measured from the kill to the version's `created_time` in Vault."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_short, tmp_path, REFRESH)
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, cluster.addresses)
+    apps = apps_for(cluster, sandbox_short, deployment)
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        time.sleep(SETTLED)
+        before = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+        writers = Counter(p.writer for p in before.values() if p.writer in INSTANCE_IDS)
+        victim = min(writers, key=lambda writer: (-writers[writer], writer))
+        owned = sorted(name for name, p in before.items() if p.writer == victim)
+        killed_at = time.time()
+        fleet[victim].stop(signal.SIGKILL)
+        bound = TAKEOVER_AFTER + REFRESH_WINDOW
+        takeover = published_after(cluster, deployment, owned, killed_at, timeout=bound + 20)
+        sleep_until(killed_at + bound)  # apps go on reading until the bound
+    finally:
+        apps.stop()
+        codes = fleet.stop()
+    after = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+    tokens = tokens_of(sandbox_short, deployment)
+    reuses = refresh_token_reuses(sandbox_short, deployment)
+    revoked = revoked_families(tokens)
+    survivors = [i for i in INSTANCE_IDS if i != victim]
+    gone = {i: [e.get("instance") for e in fleet[i].events("members.gone")] for i in survivors}
+    print(
+        f"\nkilled {victim}, which had published {owned} last (writers {dict(writers)}); "
+        f"takeover after the kill: "
+        + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in sorted(takeover.items()))
+        + f" (bound {bound:g}s); writers now {Counter(p.writer for p in after.values())}"
+    )
+    print_apps("after a SIGKILL", apps)
+    print(
+        f"refresh tokens presented twice: {reuses}; families revoked: {revoked}; "
+        f"members.gone logged by the survivors: {gone}; exit codes {codes}"
+    )
+    assert codes == dict.fromkeys(survivors, 0)
+    assert apps.expired() == [] and apps.refused() == []
+    assert reuses == 0
+    assert not any(reason == "refresh token reuse" for f in revoked.values() for _, reason in f)
+    assert all(after[name].writer in survivors for name in owned), after
+    assert all(seconds <= bound for seconds in takeover.values()), takeover
+
+
+# -- 2. the Raft leader stops --------------------------------------------------------------
+
+
+def test_keyturn_goes_on_when_the_raft_leader_stops(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_short: SandboxProcess, tmp_path: Path
+) -> None:
+    """The active node stops (and stays down until the end): after the election every
+    credential is refreshed and published again, from the refresh token its record holds."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_short, tmp_path, REFRESH)
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, cluster.addresses)
+    apps = apps_for(cluster, sandbox_short, deployment)
+    old_leader = cluster.leader()
+    try:
+        fleet.start()
+        try:
+            apps.start(limit=90)
+            wait_all_published(apps)
+            time.sleep(SETTLED)
+            families_before = {
+                n: families(t) for n, t in tokens_of(sandbox_short, deployment).items()
+            }
+            stopped_at = time.time()
+            cluster.stop_node(old_leader.index)
+            new_leader = cluster.wait_for_leader(timeout=60)
+            elected_at = time.time()
+            refreshed = published_after(
+                cluster, deployment, CREDENTIALS, elected_at, timeout=REFRESH_WINDOW + 30
+            )
+            sleep_until(elected_at + REFRESH_WINDOW)  # apps go on reading a cycle
+        finally:
+            apps.stop()
+            codes = fleet.stop()
+        records = {
+            name: read_record(
+                new_leader.address, cluster.root_token, f"{deployment.state_prefix}/{name}"
+            )
+            for name in CREDENTIALS
+        }
+        published = read_published(new_leader.address, cluster.root_token, deployment.publish_to)
+    finally:
+        if not old_leader.running:
+            cluster.start_node(old_leader.index)
+    tokens = tokens_of(sandbox_short, deployment)
+    held = {
+        name: sandbox_short.admin.introspect_token(record["refresh_token"])
+        for name, record in records.items()
+        if record.get("refresh_token")
+    }
+    paused = {
+        name: (path.first_after(stopped_at) or math.inf) - stopped_at
+        for name, path in published.items()
+    }
+    used_after_election = {name: used_after(issued, elected_at) for name, issued in tokens.items()}
+    print(
+        f"\nstopped the active node {old_leader.node_id}; {new_leader.node_id} active after "
+        f"{elected_at - stopped_at:.2f}s; first publish after the election: "
+        + ", ".join(f"{name} +{seconds:.2f}s" for name, seconds in sorted(refreshed.items()))
+    )
+    print_apps("across the election", apps)
+    print(
+        "from the stop to the next publish: "
+        + ", ".join(f"{n} {seconds:.2f}s" for n, seconds in sorted(paused.items()))
+        + f"; refresh tokens used after the election: {used_after_election}; exit codes {codes}"
+    )
+    assert codes == dict.fromkeys(INSTANCE_IDS, 0)
+    assert apps.expired() == [] and apps.refused() == []
+    assert revoked_families(tokens) == {}
+    for name in CREDENTIALS:
+        # Nothing lost: the record holds a refresh token, none is in flight, and it is the one
+        # the sandbox has active, of the family the credential had before the election.
+        assert "refresh_in_flight" not in records[name], name
+        assert name in held, f"{name}: no refresh token in the record"
+        assert held[name]["active"] is True, (name, held[name].get("status"))
+        assert families(tokens[name]) == families_before[name] == {held[name]["family_id"]}
+        assert used_after_election[name] >= 1, name
+
+
+# -- 3. a rolling restart ------------------------------------------------------------------
+
+
+def test_a_rolling_restart_asks_for_no_token(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_long: SandboxProcess, tmp_path: Path
+) -> None:
+    """Each instance in turn: SIGTERM, its exit, a start with the same id, daemon.started.
+    Every token stays valid throughout, so the sandbox must see no request at all."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_long, tmp_path, LONG_REFRESH)
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, cluster.addresses)
+    apps = apps_for(cluster, sandbox_long, deployment)
+    restarts: list[tuple[str, int, float]] = []
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        time.sleep(2 * TAKEOVER_AFTER)  # every instance has joined and planned its share
+        tokens_before = tokens_of(sandbox_long, deployment)
+        requests_before = token_requests(sandbox_long, deployment)
+        began = time.time()
+        for instance in fleet:
+            started = time.monotonic()
+            code = instance.stop(signal.SIGTERM)
+            instance.start()
+            restarts.append((instance.instance_id, code, time.monotonic() - started))
+        time.sleep(2 * TAKEOVER_AFTER)  # the shares settle; restarted instances plan theirs
+        ended = time.time()
+        requests_after = token_requests(sandbox_long, deployment)
+    finally:
+        apps.stop()
+        codes = fleet.stop()
+    tokens = tokens_of(sandbox_long, deployment)
+    first_issue = min(parse_rfc3339(t["issued_at"]) for ts in tokens.values() for t in ts)
+    started_logged = {i: len(fleet[i].events("daemon.started")) for i in INSTANCE_IDS}
+    print(
+        "\nrolling restart: "
+        + ", ".join(f"{i} exit {code} back in {seconds:.2f}s" for i, code, seconds in restarts)
+        + f"; window {ended - began:.1f}s; token requests before {requests_before}, "
+        f"after {requests_after}; daemon.started logged {started_logged}"
+    )
+    print_apps("through a rolling restart", apps)
+    if ended >= first_issue + EARLIEST_LONG_REFRESH:
+        pytest.fail("the restart window reached the first refresh time: nothing to judge")
+    assert [code for _, code, _ in restarts] == [0, 0, 0]
+    assert codes == dict.fromkeys(INSTANCE_IDS, 0)
+    assert started_logged == dict.fromkeys(INSTANCE_IDS, 2)
+    assert apps.expired() == [] and apps.refused() == []
+    assert requests_after == requests_before
+    assert {n: len(t) for n, t in tokens.items()} == {n: len(t) for n, t in tokens_before.items()}
+    assert revoked_families(tokens) == {}
