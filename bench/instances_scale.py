@@ -433,6 +433,24 @@ async def scrape_all(instances: Sequence[Instance]) -> dict[tuple[str, str], flo
     return add_calls(*scrapes)
 
 
+async def shares(instances: Sequence[Instance]) -> str:
+    """Each live instance's view: the instances it counts as alive and the credentials its
+    scheduler plans (`keyturn_instances`, `keyturn_credentials_owned`). The shares should be
+    disjoint: a sum above N means two instances plan the same credentials."""
+    live = [i for i in instances if i.alive]
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        answers = await asyncio.gather(*(client.get(i.metrics_url + "/metrics") for i in live))
+    parts, total = [], 0.0
+    for instance, answer in zip(live, answers, strict=True):
+        owned = gauge(answer.text, "keyturn_credentials_owned") or 0.0
+        seen = gauge(answer.text, "keyturn_instances")
+        total += owned
+        parts.append(
+            f"{instance.instance_id} owns {owned:g} (sees {'?' if seen is None else f'{seen:g}'})"
+        )
+    return f"{', '.join(parts)}; sum {total:g}"
+
+
 async def wait_up(instance: Instance, timeout: float) -> None:
     """Until its /metrics answers (the daemon is up and has planned its share)."""
     deadline = time.monotonic() + timeout
@@ -612,6 +630,7 @@ async def configuration(
             await wait_up(instance, 60.0)
         cold_calls, settled = await settle(instances)
         cold_tokens = (await sandbox.counts())[0] - tokens_before
+        cold_shares = await shares(instances)
         spent = machine.spent(cpu_before, cpu_after)
         log(f"{label}: all {n} published {cold:.1f}s after the spawn")
         figures.cold, figures.cold_calls = cold, sum(cold_calls.values()) / n
@@ -628,6 +647,7 @@ async def configuration(
                 )
             )
         rows += [
+            (f"{label}: shares after the cold start", f"{cold_shares} of {n}"),
             (
                 f"{label}: token requests, cold start",
                 f"{cold_tokens} ({ds.figure(cold_tokens / n)} per credential)",
@@ -652,6 +672,7 @@ async def configuration(
         for name, (opens, closes) in zip(("first refreshes", "steady"), spans, strict=False):
             log(f"{label}: {name} window in {opens - time.time():.0f}s for {closes - opens:g}s")
             measured.append(await measure(instances, sandbox, machine, opens, closes))
+        late_shares = await shares(instances)
 
         takeover_rows: list[Row] = []
         takeover_span: tuple[float, float] | None = None
@@ -666,6 +687,7 @@ async def configuration(
             rows += window_rows(f"{label}: {name}", args, spawned, opens, closes, counted, seen)
             per_refresh = seen.calls / counted.refreshes if counted.refreshes else None
             figures.per_refresh[name] = per_refresh
+        rows.append((f"{label}: shares after the windows", f"{late_shares} of {n}"))
         if takeover_span is not None:
             moved = token_window(listing, *takeover_span, args.lifetime / 2)
             takeover_rows.append(
@@ -702,7 +724,7 @@ async def takeover(
     victim.process.kill()
     victim.process.wait()
     owned_at: float | None = None
-    polls = 0
+    polls, last = 0, "no answer"
     async with httpx.AsyncClient(timeout=10.0) as client:
         limit = time.monotonic() + min(DEADLINE, 3 * args.takeover_after + 60)
         while time.monotonic() < limit:
@@ -712,6 +734,10 @@ async def takeover(
             polls += 1
             owned = [gauge(t.text, "keyturn_credentials_owned") or 0.0 for t in texts]
             live = [gauge(t.text, "keyturn_instances") for t in texts]
+            last = ", ".join(
+                f"{s.instance_id} owns {o:g} (sees {v})"
+                for s, o, v in zip(survivors, owned, live, strict=True)
+            )
             if sum(owned) == n and all(v == len(survivors) for v in live):
                 owned_at = time.time()
                 break
@@ -729,15 +755,17 @@ async def takeover(
     rows: list[Row] = [
         (
             "takeover: takeover_after, beat interval",
-            f"{args.takeover_after:g} s, {beat:.2f} s (expected: about takeover_after + up to "
-            f"one beat, {args.takeover_after:g}-{args.takeover_after + beat:.1f} s)",
+            f"{args.takeover_after:g} s, {beat:.2f} s (expected: takeover_after + half a beat "
+            f"on average, {args.takeover_after + beat / 2:.1f} s; between takeover_after - one "
+            f"beat and + two beats, {args.takeover_after - beat:.1f}-"
+            f"{args.takeover_after + 2 * beat:.1f} s)",
         ),
         (
             "takeover: kill -> survivors own all (metrics)",
             f"{owned_seconds:.1f} s (sum of keyturn_credentials_owned = {n} and "
             f"keyturn_instances = {len(survivors)} on each; polled every {POLL:g} s)"
             if owned_seconds is not None
-            else f"not within {3 * args.takeover_after + 60:g} s ({polls} polls)",
+            else f"not within {3 * args.takeover_after + 60:g} s ({polls} polls; last: {last})",
         ),
     ]
     added = 0

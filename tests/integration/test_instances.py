@@ -39,6 +39,7 @@ from keyturn_devkit.dev.raft import OpenBaoRaftCluster
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.apps import AppSampler
 from keyturn_devkit.harness.deployment import Deployment, prepare_deployment
+from keyturn_devkit.harness.faketime import FakeWallClock
 from keyturn_devkit.harness.instances import Instances, read_published, read_record
 
 pytestmark = [pytest.mark.openbao, pytest.mark.slow, pytest.mark.sandbox]
@@ -424,3 +425,98 @@ def test_a_rolling_restart_asks_for_no_token(
     assert requests_after == requests_before
     assert {n: len(t) for n, t in tokens.items()} == {n: len(t) for n, t in tokens_before.items()}
     assert revoked_families(tokens) == {}
+
+
+# -- bad input: a shared instance_id, a skewed clock ------------------------------------------
+
+
+def test_a_second_process_with_the_same_instance_id_stands_down_until_the_first_is_gone(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_short: SandboxProcess, tmp_path: Path
+) -> None:
+    """k0 and k1 run; a second process is started as k0 too. It sees k0's entry move, says so
+    (`members.duplicate_instance_id`) and owns nothing; when the first k0 stops, it takes the
+    id back and runs k0's share. Apps are served throughout."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_short, tmp_path, REFRESH)
+    fleet = Instances(deployment.config_path, tmp_path / "fleet", ["k0", "k1"], cluster.addresses)
+    third_node_first = [*cluster.addresses[2:], *cluster.addresses[:2]]
+    namesake = Instances(deployment.config_path, tmp_path / "namesake", ["k0"], third_node_first)
+    apps = apps_for(cluster, sandbox_short, deployment)
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        namesake.start()
+        time.sleep(REFRESH_WINDOW)
+        fleet["k0"].stop(signal.SIGTERM)  # the elder leaves: the namesake may have the id
+        resumed_by = time.monotonic() + 2 * TAKEOVER_AFTER
+        while not namesake["k0"].events("members.resumed") and time.monotonic() < resumed_by:
+            time.sleep(0.2)
+        time.sleep(LIFETIME)  # a whole token lifetime run by the namesake and k1
+    finally:
+        apps.stop()
+        codes = {**fleet.stop(), **{f"namesake-{k}": c for k, c in namesake.stop().items()}}
+    started = namesake["k0"].events("daemon.started")
+    duplicate = namesake["k0"].events("members.duplicate_instance_id")
+    resumed = namesake["k0"].events("members.resumed")
+    after = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+    reuses = refresh_token_reuses(sandbox_short, deployment)
+    print(
+        f"\nnamesake k0: started owning {[e.get('owned') for e in started]}, reported "
+        f"{len(duplicate)} time(s), resumed {len(resumed)} time(s); writers now "
+        f"{Counter(p.writer for p in after.values())}; refresh tokens presented twice: {reuses}"
+    )
+    print_apps("with a namesake", apps)
+    assert codes == {"k1": 0, "namesake-k0": 0}
+    assert [e.get("owned") for e in started] == [0]
+    assert duplicate and all(e.get("instance") == "k0" for e in duplicate)
+    assert len(resumed) == 1
+    assert apps.expired() == [] and apps.refused() == []
+    assert reuses == 0 and revoked_families(tokens_of(sandbox_short, deployment)) == {}
+    assert {p.writer for p in after.values()} <= {"k0", "k1"}
+
+
+def test_an_instance_whose_clock_is_off_is_named_and_serves_its_share(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_short: SandboxProcess, tmp_path: Path
+) -> None:
+    """k2's wall clock runs 5 s ahead of everyone's (libfaketime, its process alone): it
+    warns `members.clock_skew` naming itself with the skew it measured against Vault's clock,
+    and the three still serve every app; when k2 is killed, its share is taken over in time
+    (liveness is judged on each instance's own monotonic clock, not k2's wall clock)."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_short, tmp_path, REFRESH)
+    ahead = FakeWallClock(tmp_path / "faketime")
+    ahead.step(5.0)
+    nodes, skewed = cluster.addresses, {"k2": ahead.env()}
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, nodes, env_of=skewed)
+    apps = apps_for(cluster, sandbox_short, deployment)
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        time.sleep(SETTLED)
+        before = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+        owned = sorted(name for name, p in before.items() if p.writer == "k2")
+        killed_at = time.time()
+        fleet["k2"].stop(signal.SIGKILL)
+        bound = TAKEOVER_AFTER + REFRESH_WINDOW
+        takeover = published_after(cluster, deployment, owned, killed_at, timeout=bound + 20)
+    finally:
+        apps.stop()
+        codes = fleet.stop()
+    skew = fleet["k2"].events("members.clock_skew")
+    others = [e for i in ("k0", "k1") for e in fleet[i].events("members.clock_skew")]
+    print(
+        f"\nk2 5 s ahead: warned {[(e.get('instance'), e.get('skew_seconds')) for e in skew]}; "
+        f"k2 had published {owned}; takeover after its kill: "
+        + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in sorted(takeover.items()))
+    )
+    print_apps("with a skewed clock", apps)
+    assert codes == {"k0": 0, "k1": 0}
+    assert skew and all(e.get("instance") == "k2" for e in skew)
+    assert 4.0 <= float(skew[0]["skew_seconds"]) <= 6.0
+    assert others == []
+    assert owned, "k2 owned a share: {c3, c5} by rendezvous"
+    assert all(seconds <= bound for seconds in takeover.values()), takeover
+    assert apps.expired() == [] and apps.refused() == []
+    assert refresh_token_reuses(sandbox_short, deployment) == 0

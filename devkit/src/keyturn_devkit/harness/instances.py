@@ -39,7 +39,7 @@ def instance_environment(instance_id: str, address: str, nodes: Sequence[str]) -
     return {
         "KEYTURN_KEYTURN_INSTANCE_ID": instance_id,
         "KEYTURN_VAULT_ADDRESS": address,
-        "KEYTURN_VAULT_NODES": ",".join(nodes),
+        **({"KEYTURN_VAULT_NODES": ",".join(nodes)} if nodes else {}),
     }
 
 
@@ -86,8 +86,9 @@ class Instance:
 class Instances(ManagedServer):
     """`ids` instances of the deployment whose keyturn.toml is `config_path`; instance i is
     pointed at `addresses[i % len(addresses)]` and given every other address as `nodes`. Each
-    logs under `<workdir>/<id>/`. `start()` starts them side by side, `stop()` ends those still
-    running with SIGTERM and returns their exit codes."""
+    logs under `<workdir>/<id>/`. `env` goes to every instance, `env_of[id]` to that one alone
+    (e.g. libfaketime for a host whose clock is off). `start()` starts them side by side,
+    `stop()` ends those still running with SIGTERM and returns their exit codes."""
 
     def __init__(
         self,
@@ -96,6 +97,7 @@ class Instances(ManagedServer):
         ids: Sequence[str],
         addresses: Sequence[str],
         env: Mapping[str, str] | None = None,
+        env_of: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         if not ids or not addresses:
             raise ValueError("expected at least one instance id and one node address")
@@ -105,7 +107,11 @@ class Instances(ManagedServer):
             nodes = tuple(a for a in addresses if a != address)
             directory = workdir / instance_id
             directory.mkdir(parents=True, exist_ok=True)
-            overrides = {**(env or {}), **instance_environment(instance_id, address, nodes)}
+            overrides = {
+                **(env or {}),
+                **(env_of or {}).get(instance_id, {}),
+                **instance_environment(instance_id, address, nodes),
+            }
             daemon = DaemonProcess(config_path, directory, overrides)
             self.members.append(Instance(instance_id, address, nodes, daemon))
 
