@@ -364,6 +364,10 @@ def test_keyturn_goes_on_when_the_raft_leader_stops(
     assert codes == dict.fromkeys(INSTANCE_IDS, 0)
     assert apps.expired() == [] and apps.refused() == []
     assert revoked_families(tokens) == {}
+    # An election is not a credential failure: the calls went to the new active node.
+    assert {i: fleet[i].events("credential.failed") for i in INSTANCE_IDS} == {
+        i: [] for i in INSTANCE_IDS
+    }
     for name in CREDENTIALS:
         # Nothing lost: the record holds a refresh token, none is in flight, and it is the one
         # the sandbox has active, of the family the credential had before the election.
