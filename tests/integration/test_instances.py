@@ -23,8 +23,11 @@ The figures (takeover time per credential, election time, app reads) are printed
 
 from __future__ import annotations
 
+import json
 import math
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -219,6 +222,14 @@ def test_instances_started_together_serve_every_app(
         apps.start(limit=90)
         wait_all_published(apps)
         time.sleep(2 * START_LIFETIME)
+        config = str(deployment.config_path)
+        listed = subprocess.run(
+            [sys.executable, "-m", "keyturn", "status", "-c", config, "--instances", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     finally:
         apps.stop()
         codes = fleet.stop()
@@ -234,6 +245,15 @@ def test_instances_started_together_serve_every_app(
         + ", ".join(f"{n} {p.longest_gap():.1f}s" for n, p in sorted(published.items()))
     )
     print_apps("started together", apps)
+    print(f"keyturn status --instances --json:\n{listed.stdout}")
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    # Every instance live, each running the share rendezvous hashing gives it.
+    assert {(r["instance"], r["live"], r["credentials"]) for r in rows} == {
+        ("k0", True, 1),
+        ("k1", True, 3),
+        ("k2", True, 2),
+    }
     assert codes == dict.fromkeys(INSTANCE_IDS, 0)
     assert apps.expired() == [] and apps.refused() == []
     assert refresh_token_reuses(sandbox_start, deployment) == 0

@@ -22,7 +22,7 @@ import asyncio
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
@@ -150,24 +150,17 @@ def run(args: argparse.Namespace) -> int:
     if credentials is None:
         return EXIT_ERROR
     from keyturn.commands.usage import consumer_counts  # noqa: PLC0415 - only when needed
-    from keyturn.vault.open import open_vault_store  # noqa: PLC0415
 
     clock = SystemClock()
     if args.instances:
         return show_instances(config, clock, as_json=args.json)
 
-    async def collect() -> list[StatusRow]:
+    async def collect(store: KvStore) -> list[StatusRow]:
         counts = await asyncio.to_thread(consumer_counts, config)
-        store = await open_vault_store(config, clock=clock)
-        try:
-            return await status_rows(config, store, clock, credentials, consumers=counts)
-        finally:
-            await store.close()
+        return await status_rows(config, store, clock, credentials, consumers=counts)
 
-    try:
-        rows = asyncio.run(collect())
-    except KeyturnError as error:
-        print(f"keyturn status: {error}", file=sys.stderr)
+    rows = read_vault(config, clock, collect)
+    if rows is None:
         return EXIT_ERROR
     print(render_json(rows) if args.json else render_table(rows, clock.time()))
     for row in rows:
@@ -176,21 +169,31 @@ def run(args: argparse.Namespace) -> int:
     return exit_code(rows)
 
 
-def show_instances(config: Config, clock: Clock, *, as_json: bool) -> int:
-    """`--instances`: print the members record; 0 once it could be read."""
-    from keyturn.vault.open import open_vault_store  # noqa: PLC0415
+def read_vault(
+    config: Config, clock: Clock, read: Callable[[KvStore], Awaitable[list[Row]]]
+) -> list[Row] | None:
+    """`read(store)` with a store opened for it and closed after; None after one line on
+    stderr if Vault could not be read."""
+    from keyturn.vault.open import open_vault_store  # noqa: PLC0415 - only when needed
 
-    async def collect() -> list[InstanceRow]:
+    async def opened() -> list[Row]:
         store = await open_vault_store(config, clock=clock)
         try:
-            return await instance_rows(config, store, clock)
+            return await read(store)
         finally:
             await store.close()
 
     try:
-        rows = asyncio.run(collect())
+        return asyncio.run(opened())
     except KeyturnError as error:
         print(f"keyturn status: {error}", file=sys.stderr)
+        return None
+
+
+def show_instances(config: Config, clock: Clock, *, as_json: bool) -> int:
+    """`--instances`: print the members record; 0 once it could be read."""
+    rows = read_vault(config, clock, lambda store: instance_rows(config, store, clock))
+    if rows is None:
         return EXIT_ERROR
     if as_json:
         print("\n".join(json.dumps(row.as_json()) for row in rows))
