@@ -389,7 +389,6 @@ def test_every_manifest_is_valid_against_the_kubernetes_api_schema() -> None:
     assert sorted(kinds) == sorted(
         [
             "ConfigMap",
-            "Deployment",
             "Kustomization",
             "Namespace",
             "NetworkPolicy",
@@ -397,6 +396,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_api_schema() -> None:
             "Service",
             "ServiceAccount",
             "ServiceMonitor",
+            "StatefulSet",
         ]
     )
 
@@ -410,9 +410,9 @@ def test_the_kustomization_lists_every_manifest_but_the_operators_servicemonitor
             assert document["metadata"]["namespace"] == "keyturn", path.name
 
 
-def test_the_deployment_is_locked_down() -> None:
-    deployment = resource("Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+def test_the_statefulset_is_locked_down() -> None:
+    statefulset = resource("StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == KEYTURN_UID
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -428,13 +428,13 @@ def test_the_deployment_is_locked_down() -> None:
     assert "memory" in resources["limits"]
     # SIGTERM drains for shutdown_timeout (30 s) + alert deliveries (10 s).
     assert pod["terminationGracePeriodSeconds"] >= kubernetes_config().keyturn.shutdown_timeout + 10
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= (
-        deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert statefulset["spec"]["selector"]["matchLabels"].items() <= (
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
     )
 
 
 def test_the_probes_use_healthz_and_readyz_on_the_metrics_port() -> None:
-    pod = resource("Deployment")["spec"]["template"]["spec"]
+    pod = resource("StatefulSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": METRICS_PORT}
@@ -444,15 +444,15 @@ def test_the_probes_use_healthz_and_readyz_on_the_metrics_port() -> None:
     config = kubernetes_config()
     host, _, port = config.metrics.listen.rpartition(":")
     assert (host, int(port)) == ("0.0.0.0", METRICS_PORT)  # the kubelet probes the pod's IP
-    annotations = resource("Deployment")["spec"]["template"]["metadata"]["annotations"]
+    annotations = resource("StatefulSet")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(METRICS_PORT)
     assert annotations["prometheus.io/path"] == "/metrics"
 
 
 def test_the_pod_runs_as_the_service_account_vault_knows() -> None:
     account = resource("ServiceAccount")
-    deployment = resource("Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+    statefulset = resource("StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"] == "keyturn"
     assert account["automountServiceAccountToken"] is False  # only the pod that logs in
     assert pod["automountServiceAccountToken"] is True
@@ -464,7 +464,7 @@ def test_the_pod_runs_as_the_service_account_vault_knows() -> None:
 
 def pod_environ(pod_name: str) -> dict[str, str]:
     """The container's environment as the kubelet builds it for a pod named `pod_name`."""
-    (container,) = resource("Deployment")["spec"]["template"]["spec"]["containers"]
+    (container,) = resource("StatefulSet")["spec"]["template"]["spec"]["containers"]
     environ: dict[str, str] = {}
     for var in container["env"]:
         assert var["name"] not in environ, var["name"]
@@ -477,20 +477,40 @@ def pod_environ(pod_name: str) -> dict[str, str]:
 
 
 def test_three_replicas_each_with_its_own_instance_id_from_the_pod_name() -> None:
-    deployment = resource("Deployment")
-    assert deployment["spec"]["replicas"] == 3
-    pods = ["keyturn-7d9c5b6f4-2xkqp", "keyturn-7d9c5b6f4-h8zrt", "keyturn-7d9c5b6f4-wq4mn"]
+    statefulset = resource("StatefulSet")
+    spec = statefulset["spec"]
+    assert spec["replicas"] == 3
+    # A StatefulSet's pods are <name>-<ordinal>, the same after every restart: so is each
+    # instance_id, and with it the saved plan's path (<state_prefix>/_plan/<instance_id>).
+    pods = [f"{statefulset['metadata']['name']}-{ordinal}" for ordinal in range(spec["replicas"])]
+    assert pods == ["keyturn-0", "keyturn-1", "keyturn-2"]
     ids = [kubernetes_config(pod_environ(pod)).keyturn.instance_id for pod in pods]
     assert ids == pods  # the same ConfigMap, one instance_id per pod
-    # A rollout replaces one pod at a time: the others keep their shares meanwhile.
-    strategy = deployment["spec"]["strategy"]
+    # The three do not depend on each other: no ordered start.
+    assert spec["podManagementPolicy"] == "Parallel"
+    # A rollout replaces one pod at a time (maxUnavailable is alpha for StatefulSets), every
+    # pod (no partition holding some back): the others keep their shares meanwhile.
+    strategy = spec["updateStrategy"]
     assert strategy["type"] == "RollingUpdate"
-    assert strategy["rollingUpdate"]["maxUnavailable"] == 1
-    assert strategy["rollingUpdate"]["maxSurge"] in {0, 1}
+    rolling = strategy.get("rollingUpdate", {})
+    assert "maxUnavailable" not in rolling
+    assert rolling.get("partition", 0) == 0
+    # keyturn keeps nothing on disk.
+    assert "volumeClaimTemplates" not in spec
+    for volume in spec["template"]["spec"]["volumes"]:
+        assert "persistentVolumeClaim" not in volume, volume["name"]
+
+
+def test_the_statefulset_is_governed_by_the_headless_metrics_service() -> None:
+    spec = resource("StatefulSet")["spec"]
+    service = resource("Service")
+    assert spec["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"  # per-pod DNS names under it
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
 
 
 def test_the_pods_spread_over_nodes_yet_schedule_on_one() -> None:
-    pod = resource("Deployment")["spec"]["template"]
+    pod = resource("StatefulSet")["spec"]["template"]
     constraints = pod["spec"]["topologySpreadConstraints"]
     assert "kubernetes.io/hostname" in {c["topologyKey"] for c in constraints}
     for constraint in constraints:
@@ -503,25 +523,25 @@ def test_the_pods_spread_over_nodes_yet_schedule_on_one() -> None:
 
 
 def test_the_disruption_budget_lets_one_pod_go_at_a_time() -> None:
-    deployment = resource("Deployment")
+    statefulset = resource("StatefulSet")
     budget = resource("PodDisruptionBudget")["spec"]
-    assert budget["selector"] == deployment["spec"]["selector"]
+    assert budget["selector"] == statefulset["spec"]["selector"]
     assert budget["selector"]["matchLabels"].items() <= (
-        deployment["spec"]["template"]["metadata"]["labels"].items()
+        statefulset["spec"]["template"]["metadata"]["labels"].items()
     )
     assert len({"maxUnavailable", "minAvailable"} & set(budget)) == 1
     if "maxUnavailable" in budget:
         allowed = budget["maxUnavailable"]
     else:
-        allowed = deployment["spec"]["replicas"] - budget["minAvailable"]
+        allowed = statefulset["spec"]["replicas"] - budget["minAvailable"]
     assert allowed == 1
     # Readiness reports Vault and the credentials, so every pod can be not ready at once: a
     # drain must still be able to evict them.
     assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
-def test_the_install_guides_set_the_instance_id_as_the_deployment_does() -> None:
-    (container,) = resource("Deployment")["spec"]["template"]["spec"]["containers"]
+def test_the_install_guides_set_the_instance_id_as_the_statefulset_does() -> None:
+    (container,) = resource("StatefulSet")["spec"]["template"]["spec"]["containers"]
     (variable,) = [v["name"] for v in container["env"] if "valueFrom" in v]
     assert variable in (ROOT / "docs" / "install-containers.md").read_text()
     systemd = (ROOT / "docs" / "install-systemd.md").read_text()
@@ -532,10 +552,44 @@ def test_the_install_guides_set_the_instance_id_as_the_deployment_does() -> None
         assert config.keyturn.instance_id == value
 
 
+def test_the_documented_kubectl_commands_name_the_statefulset_and_its_pods() -> None:
+    """`kubectl exec` names a pod that exists (keyturn-<ordinal>), `rollout` the StatefulSet,
+    a label selector the pods' labels; and every deploy/kubernetes file the docs, the README
+    and deploy/ name exists (no deployment.yaml left behind)."""
+    statefulset = resource("StatefulSet")
+    name, replicas = statefulset["metadata"]["name"], statefulset["spec"]["replicas"]
+    pod_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts = {path: path.read_text() for path in docs}
+    commands = [
+        command.split()[3:]  # after `kubectl -n keyturn`
+        for text in texts.values()
+        for command in re.findall(r"kubectl -n keyturn [^`\n]*", text)
+    ]
+    pods = {f"{name}-{ordinal}" for ordinal in range(replicas)}
+    execs = [words[1].removeprefix("pod/") for words in commands if words[0] == "exec"]
+    assert "keyturn-0" in execs
+    assert set(execs) <= pods | {'"$pod"'}, execs  # "$pod": the HUP loop over the selector
+    rollouts = [words[2] for words in commands if words[0] == "rollout"]
+    assert rollouts
+    assert set(rollouts) == {f"statefulset/{name}"}, rollouts
+    for text in texts.values():
+        for key, value in re.findall(r"kubectl [^`\n]*-l ([\w./-]+)=([\w.-]+)", text):
+            assert pod_labels.get(key) == value, key
+    install = texts[ROOT / "docs" / "install-containers.md"]
+    section = install[install.index("## Kubernetes") : install.index("## Linting")]
+    for file in re.findall(r"`([\w-]+\.yaml)`", section):
+        assert (KUBERNETES / file).exists(), file
+    named = [*docs, *DEPLOY.rglob("*.md"), *DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")]
+    for path in named:
+        for file in re.findall(r"deploy/kubernetes/([\w.-]+\.ya?ml)", path.read_text()):
+            assert (KUBERNETES / file).exists(), (path.relative_to(ROOT), file)
+
+
 def kubernetes_config(environ: dict[str, str] | None = None) -> Config:
     configmap = resource("ConfigMap")
-    deployment = resource("Deployment")
-    pod = deployment["spec"]["template"]["spec"]
+    statefulset = resource("StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name"))
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
@@ -558,7 +612,7 @@ def test_the_configmap_holds_a_configuration_keyturn_loads_without_secrets() -> 
 
 
 def test_the_metrics_service_and_scrape_configurations_find_the_pods() -> None:
-    pod_labels = resource("Deployment")["spec"]["template"]["metadata"]["labels"]
+    pod_labels = resource("StatefulSet")["spec"]["template"]["metadata"]["labels"]
     service = resource("Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["publishNotReadyAddresses"] is True

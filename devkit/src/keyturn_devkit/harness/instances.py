@@ -6,7 +6,7 @@
         fleet["k1"].stop(signal.SIGKILL)
         read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
 
-Every instance runs the same keyturn.toml, as the replicas of one Kubernetes Deployment do;
+Every instance runs the same keyturn.toml, as the replicas of one Kubernetes StatefulSet do;
 what differs between them is set by `KEYTURN_…` overrides, as a pod's environment would: its
 own `instance_id`, its `[vault] address` (one node, in turn) and `nodes` (every other node),
 so each instance talks to the cluster through a different node and knows all of them.
