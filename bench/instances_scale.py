@@ -39,7 +39,7 @@ on stderr):
    as % of refreshes; refresh tokens presented twice (`refresh_token_reuses`, /admin/usage).
    Vault calls per refresh summed over the instances, and at the end the ratio 3 instances /
    1 instance (issue 14's target for the steady state: at most 1.1; heartbeats included);
-3. takeover (3 instances only): SIGKILL one instance after the steady window; from the
+3. takeover (3 instances only): SIGKILL one instance (k1) after the windows; from the
    survivors' JSON log lines, seconds from the kill until each logged `members.gone` and
    `share.changed`, and from their /metrics (every 0.5 s) until `keyturn_credentials_owned`
    sums to N, next to `takeover_after` (expected: about `takeover_after` plus up to one beat,

@@ -193,42 +193,44 @@ class ShareKeeper:
     when the daemon stops."""
 
     members: Membership
+    runtime: Runtime
     scheduler: CredentialScheduler
     metrics: PrometheusObserver
 
     @classmethod
     def build(
         cls,
-        config: Config,
-        store: VaultStore,
+        runtime: Runtime,
         *,
-        clock: Clock,
         instance_id: str,
         address: str | None,
-        observer: Observer,
         scheduler: CredentialScheduler,
         metrics: PrometheusObserver,
     ) -> ShareKeeper:
+        config, context = runtime.config, runtime.context
+
         def problem(kind: str, message: str) -> None:
             severity = "critical" if kind == "duplicate_instance_id" else "warning"
-            observer(Suspicious(None, None, "instance_membership", severity, message))
+            context.observers(Suspicious(None, None, "instance_membership", severity, message))
 
         members = Membership(
-            store,
+            context.store,
             state_prefix=config.keyturn.state_prefix,
             instance_id=instance_id,
             takeover_after=config.keyturn.takeover_after,
-            clock=clock,
+            clock=context.clock,
             host=socket.gethostname(),
             address=address,
             pid=os.getpid(),
             on_problem=problem,
         )
-        return cls(members, scheduler, metrics)
+        return cls(members, runtime, scheduler, metrics)
 
     async def beat(self) -> None:
         if await self.members.beat():
             summary = self.scheduler.reassign()
+            for name in summary["added"]:
+                self.runtime.jobs[name].forget_copy()  # others ran it meanwhile
             for name in summary["removed"]:
                 self.metrics.forget(name)  # its new owner reports it
             log.info(
@@ -393,12 +395,9 @@ async def open_daemon(
                     scheduler,
                 )
                 shares = ShareKeeper.build(
-                    config,
-                    store,
-                    clock=clock,
+                    runtime,
                     instance_id=context.instance_id or config.keyturn.instance_id,
                     address=server.url,
-                    observer=observers,
                     scheduler=scheduler,
                     metrics=metrics,
                 )

@@ -135,8 +135,8 @@ class Membership:
 
     `join` before the first runs, `beat` every `interval` seconds, `leave` when stopping.
     `owns(name)` answers from the last view; `join` and `beat` return whether the share may
-    have changed (the set of live instances moved, or this one stood down or came back):
-    then the caller plans again who runs what."""
+    have changed since either last returned (the set of live instances moved, or this one
+    stood down or came back): then the caller plans again who runs what."""
 
     def __init__(
         self,
@@ -183,6 +183,7 @@ class Membership:
         self._last_written_at: float | None = None  # monotonic
         self._skew_warned = False
         self._skew_measured: float | None = None  # monotonic
+        self._told: tuple[tuple[str, ...], bool] = (self._live, False)  # last answered for
 
     @property
     def interval(self) -> float:
@@ -240,22 +241,28 @@ class Membership:
                 entry = await self._store.read(self._path, consistent=True)
                 members = read_members(entry, self._path)
                 self._measure_skew(entry)
-                was_down = self.standing_down
                 self._check_namesake(members.get(self.instance))
-                changed = self._judge(members) or was_down != self.standing_down
+                self._judge(members)
                 if self.standing_down:
                     self._members = members
                 else:
                     await self._write(entry, members)
                     await self._check_clock()
-                return changed
+                return self._news()
             except VaultCasConflict:
                 continue  # another instance beat between our read and our write
             except KeyturnError as error:
                 self._beat_failed(error)
-                return False
+                return self._news()
         self._beat_failed(None)
-        return False
+        return self._news()
+
+    def _news(self) -> bool:
+        """Whether the view changed since `join`/`beat` last answered: a beat whose write
+        failed after its read moved the view must still say so."""
+        view = (self._live, self.standing_down)
+        changed, self._told = view != self._told, view
+        return changed
 
     async def leave(self) -> None:
         """Take this instance's entry out of the record (stopping): its share moves now."""
@@ -280,8 +287,8 @@ class Membership:
 
     # -- the view -----------------------------------------------------------------------------
 
-    def _judge(self, members: Mapping[str, Member]) -> bool:
-        """Which instances are alive now; True if that changed."""
+    def _judge(self, members: Mapping[str, Member]) -> None:
+        """Which instances are alive now."""
         now_mono, now = self._clock.monotonic(), self._clock.time()
         live, seen = {self.instance}, {}
         for name, member in members.items():
@@ -291,7 +298,7 @@ class Membership:
             if now_mono - seen[name].at < self.takeover_after:
                 live.add(name)
         self._seen = seen
-        return self._set_live(tuple(sorted(live)), members)
+        self._set_live(tuple(sorted(live)), members)
 
     @staticmethod
     def _sighting(before: Seen | None, member: Member, now_mono: float, now: float) -> Seen:
@@ -303,17 +310,15 @@ class Membership:
         age = 0.0 if before is not None else max(0.0, now - member.beat_at)
         return Seen(member.session, member.beat, now_mono - age)
 
-    def _set_live(self, live: tuple[str, ...], members: Mapping[str, Member]) -> bool:
+    def _set_live(self, live: tuple[str, ...], members: Mapping[str, Member]) -> None:
         previous = set(self._live)
         for name in sorted(set(live) - previous):
             log.info("members.joined", instance=name, host=members[name].host)
         for name in sorted(previous - set(live)):
             reason = "silent" if name in members else "left"
             log.warning("members.gone", instance=name, reason=reason)
-        if live == self._live:
-            return False
-        self._live, self._owned = live, {}
-        return True
+        if live != self._live:
+            self._live, self._owned = live, {}
 
     # -- this instance's entry ----------------------------------------------------------------
 

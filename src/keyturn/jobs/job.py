@@ -304,6 +304,12 @@ class CredentialJob:
         # again. None: the next run reads first.
         self._record: tuple[CredentialState, int] | None = None
 
+    def forget_copy(self) -> None:
+        """The record may have moved on without this process (the credential was in another
+        instance's share): the next run reads it, instead of writing from a stale copy, being
+        refused, and reading then."""
+        self._record = None
+
     def assume_absent(self) -> None:
         """The daemon's start listed the state prefix and found no record for this credential:
         its first run creates one (check-and-set 0) without reading a 404 first. Another
