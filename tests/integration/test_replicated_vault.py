@@ -176,6 +176,32 @@ async def test_a_list_of_all_nodes_survives_a_stopped_node(
         await store.close()
 
 
+async def test_a_list_of_all_nodes_rides_through_a_sealed_node(
+    healthy_cluster: OpenBaoRaftCluster,
+) -> None:
+    """The configured node is sealed (it answers 503 to everything): reads, consistent reads and
+    check-and-set writes go on through the other nodes, and go back to it once unsealed."""
+    first, second = healthy_cluster.standbys()
+    leader = healthy_cluster.leader()
+    token = keyturn_token(healthy_cluster)
+    store = store_for(first.address, token, second.address, leader.address)
+    try:
+        path = state_path()
+        assert await store.write(path, {"n": "1"}, cas=0) == 1
+        healthy_cluster.seal_node(first.index)
+        try:
+            for version in range(2, 12):
+                assert await store.write(path, {"n": str(version)}, cas=version - 1) == version
+                entry = await store.read(path, consistent=True)
+                assert entry is not None and entry.version == version
+                assert await store.read(path) is not None
+            assert store._client.home != first.address
+        finally:
+            healthy_cluster.unseal_node(first.index)
+    finally:
+        await store.close()
+
+
 async def test_losing_the_active_node_moves_consistent_calls_to_the_new_one(
     healthy_cluster: OpenBaoRaftCluster,
 ) -> None:
