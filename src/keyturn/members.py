@@ -182,6 +182,7 @@ class Membership:
         self._written: int | None = None  # the record version of this instance's last beat
         self._last_written_at: float | None = None  # monotonic
         self._skew_warned = False
+        self._beat_reported = False  # this run of failed beats was reported
         self._skew_measured: float | None = None  # monotonic
         self._told: tuple[tuple[str, ...], bool] = (self._live, False)  # last answered for
 
@@ -337,6 +338,7 @@ class Membership:
             self._path, data, cas=entry.version if entry is not None else 0
         )
         self._me, self._last_written_at = me, self._clock.monotonic()
+        self._beat_reported = False
         self._members = {**kept, self.instance: me}
 
     async def _check_clock(self) -> None:
@@ -415,7 +417,8 @@ class Membership:
         )
 
     def _beat_failed(self, error: KeyturnError | None) -> None:
-        """Logged at every failure; reported once the others count this instance as gone."""
+        """Logged at every failure; reported once per run of failures, when the others count
+        this instance as gone."""
         now = self._clock.monotonic()
         since = None if self._last_written_at is None else now - self._last_written_at
         log.warning(
@@ -424,7 +427,8 @@ class Membership:
             error=str(error) if error else f"{WRITE_ATTEMPTS} check-and-set conflicts in a row",
             seconds_since_last_beat=None if since is None else round(since, 1),
         )
-        if since is None or since >= self.takeover_after:
+        if (since is None or since >= self.takeover_after) and not self._beat_reported:
+            self._beat_reported = True
             self._on_problem(
                 "beat_failed",
                 f"instance {self.instance} has not written its heartbeat "

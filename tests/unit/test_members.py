@@ -247,8 +247,8 @@ async def test_a_heartbeat_that_cannot_be_written_keeps_the_view_and_is_reported
         await a.beat()
     assert share(b) == b_share, "b keeps running its share"
     assert b_share <= share(a), "and a took it over: no credential without an owner"
-    kinds = [kind for kind, _ in problems]
-    assert kinds and set(kinds) == {"beat_failed"} and "k1" in problems[0][1]
+    assert [kind for kind, _ in problems] == ["beat_failed"]  # once, not at every beat
+    assert "k1" in problems[0][1]
 
 
 async def test_a_malformed_entry_is_left_out_and_dropped_by_the_next_beat() -> None:
