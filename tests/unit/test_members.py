@@ -47,6 +47,15 @@ def member(
     )
 
 
+async def pair(store: FakeVaultStore, clock: FakeClock) -> tuple[Membership, Membership]:
+    """k0 and k1, joined one after the other, each having seen the other."""
+    a, b = member(store, clock, "k0"), member(store, clock, "k1")
+    await a.join()
+    await b.join()
+    await a.beat()
+    return a, b
+
+
 def share(m: Membership) -> set[str]:
     return {name for name in CREDENTIALS if m.owns(name)}
 
@@ -74,10 +83,7 @@ async def test_a_lone_instance_owns_every_credential_and_its_entry_holds_no_secr
 async def test_shares_are_disjoint_cover_everything_and_a_newcomer_takes_only_its_own() -> None:
     vault = FakeClock()
     store = FakeVaultStore(clock=vault)
-    a, b = member(store, vault, "k0"), member(store, vault, "k1")
-    await a.join()
-    await b.join()
-    await a.beat()
+    a, b = await pair(store, vault)
     assert a.live == b.live == ("k0", "k1")
     assert share(a) | share(b) == set(CREDENTIALS) and not share(a) & share(b)
     assert share(a) and share(b)
@@ -99,10 +105,7 @@ async def test_shares_are_disjoint_cover_everything_and_a_newcomer_takes_only_it
 async def test_a_silent_instance_is_gone_after_takeover_after_not_before() -> None:
     vault = FakeClock()
     store = FakeVaultStore(clock=vault)
-    a, b = member(store, vault, "k0"), member(store, vault, "k1")
-    await a.join()
-    await b.join()
-    await a.beat()
+    a, b = await pair(store, vault)
     b_share = share(b)
     # b dies (no more beats); a keeps beating every interval.
     elapsed = 0.0
@@ -120,10 +123,7 @@ async def test_a_silent_instance_is_gone_after_takeover_after_not_before() -> No
 async def test_an_instance_that_leaves_is_gone_at_once() -> None:
     vault = FakeClock()
     store = FakeVaultStore(clock=vault)
-    a, b = member(store, vault, "k0"), member(store, vault, "k1")
-    await a.join()
-    await b.join()
-    await a.beat()
+    a, b = await pair(store, vault)
     await b.leave()
     assert await a.beat() is True
     assert a.live == ("k0",) and share(a) == set(CREDENTIALS)
@@ -295,10 +295,7 @@ async def test_a_beat_that_loses_a_race_still_tells_that_the_view_moved(races: i
     benchmark: two instances planned 351 credentials each for minutes)."""
     vault = FakeClock()
     store = RacedStore(clock=vault)
-    a, b = member(store, vault, "k0"), member(store, vault, "k1")
-    await a.join()
-    await b.join()
-    await a.beat()
+    a, _ = await pair(store, vault)
     advance(TAKEOVER, vault)  # b silent since
     store.races = races
     assert await a.beat() is True
