@@ -215,23 +215,14 @@ class Membership:
         return dict(self._members)
 
     async def join(self) -> bool:
-        """The first beat. If the record holds a recent entry under this instance id from
-        another process, wait one beat to learn whether it is a crashed predecessor (it
-        stays still: take its place) or a namesake (it moves: stand down)."""
+        """The first beat, at once: a restart after a crash must not wait (its credentials'
+        tokens are running out). An entry under this instance id from another process is
+        taken for a crashed predecessor and replaced; if its beat moves later, it was a
+        namesake, and the younger of the two stands down then (`_check_namesake`)."""
         entry = await self._read()
         other = read_members(entry, self._path).get(self.instance) if entry else None
-        if other is not None and self._clock.time() - other.beat_at < self.takeover_after:
-            log.info("members.waiting", instance=self.instance, seconds=round(self.interval, 1))
-            await self._clock.sleep(self.interval + 1.0)
-            again = await self._read()
-            current = read_members(again, self._path).get(self.instance) if again else None
-            if current is not None and (current.session, current.beat) != (
-                other.session,
-                other.beat,
-            ):
-                self._stand_down(current)  # it moved: alive
-        if other is not None and not self.standing_down:
-            self._predecessor = (other.session, other.beat)  # still: crashed; we replace it
+        if other is not None and other.session != self._me.session:
+            self._predecessor = (other.session, other.beat)
         return await self.beat()
 
     async def beat(self) -> bool:

@@ -627,12 +627,15 @@ def _published_after(scene: Scene, daemon: DaemonProcess, name: str, since: floa
     return None
 
 
-# The refresh is pinned at 0.66 of the lifetime (no jitter), so the test is deterministic: about
-# 6.8 s of the 20 s token are left when the holder is killed, its lease lasts at most half of
-# that, and the survivor then needs up to 1 s of planning jitter plus one grant (2 s here).
-# Drawn late in the default window (up to 0.76 of the lifetime), the refresh leaves less than
-# twice (1 s + the grant) and the handover comes after expiry: not covered here.
-PINNED_REFRESH = {"refresh": {"at": 0.66, "jitter": 0, "margin": "3s", "min_interval": "500ms"}}
+# The two instances share the credentials (keyturn.members): only the owner plans this one, and
+# the survivor takes it over once the holder's heartbeat has stood still for takeover_after
+# (3 s here) plus up to one beat (1 s). The refresh is pinned at 0.4 of the lifetime (no
+# jitter), so the test is deterministic: about 12 s of the 20 s token are left when the holder
+# is killed; the survivor then needs up to 4 s to see it gone, the rest of its lease (at most
+# half of what the token has left), and one grant (2 s here). Later in the lifetime the
+# handover may come after expiry: a refresh must leave more than takeover_after plus a grant
+# (docs/configuration.md, `takeover_after`).
+PINNED_REFRESH = {"refresh": {"at": 0.4, "jitter": 0, "margin": "3s", "min_interval": "500ms"}}
 
 
 def test_a_sigkill_of_the_lease_holder_mid_refresh_hands_over_in_time(
@@ -646,7 +649,7 @@ def test_a_sigkill_of_the_lease_holder_mid_refresh_hands_over_in_time(
     scene = scenes(
         [name],
         provider={"timeout": "3s"},
-        keyturn={"instance_id": "keyturn-a"},
+        keyturn={"instance_id": "keyturn-a", "takeover_after": "3s"},
         credential=PINNED_REFRESH,
     )
     config_b = scene.deployment.config_path.with_name("keyturn-b.toml")

@@ -4,7 +4,6 @@ alive, whose each credential is, and what a namesake, a skewed clock or a failin
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 
@@ -159,6 +158,9 @@ async def test_a_skewed_clock_does_not_move_a_takeover_and_is_reported() -> None
 
 
 async def test_a_namesake_stands_down_and_comes_back_when_the_elder_leaves() -> None:
+    """The younger takes the elder's entry for a crashed predecessor's and replaces it (a
+    restart must not wait); the elder's next beat shows it alive: both report it, and the
+    younger owns nothing until the elder is gone."""
     vault = FakeClock()
     store = FakeVaultStore(clock=vault)
     problems: list[tuple[str, str]] = []
@@ -166,41 +168,9 @@ async def test_a_namesake_stands_down_and_comes_back_when_the_elder_leaves() -> 
     await elder.join()
     advance(1.0, vault)
     younger = member(store, vault, "k0", problems)
-    joining = asyncio.ensure_future(younger.join())
-    await asyncio.sleep(0)
-    # While the younger waits one beat, the elder beats: it is alive.
-    for _ in range(12):
-        advance(1.0, vault)
-        await elder.beat()
-        await asyncio.sleep(0)
-    await joining
-    assert younger.standing_down and share(younger) == set()
-    assert share(elder) == set(CREDENTIALS)
-    assert ("duplicate_instance_id" in {kind for kind, _ in problems}) and all(
-        "k0" in message for _, message in problems
-    )
-    # The elder stops: the younger takes the id back and owns everything again.
-    await elder.leave()
-    advance(younger.interval, vault)
-    assert await younger.beat() is True
-    assert not younger.standing_down and share(younger) == set(CREDENTIALS)
-
-
-async def test_a_namesake_taken_for_a_crashed_one_is_found_out_when_it_beats_again() -> None:
-    """The elder's beat failed while the younger waited, so it looked dead; its next beat
-    shows it alive: the younger stands down, and both report it."""
-    vault = FakeClock()
-    store = FakeVaultStore(clock=vault)
-    problems: list[tuple[str, str]] = []
-    elder = member(store, vault, "k0", problems)
-    await elder.join()
-    advance(1.0, vault)
-    younger = member(store, vault, "k0", problems)
-    joining = asyncio.ensure_future(younger.join())
-    await asyncio.sleep(0)
-    advance(younger.interval + 1.0, vault)  # the elder does not beat meanwhile
-    await joining
+    await younger.join()
     assert not younger.standing_down and problems == []
+    advance(1.0, vault)
     await elder.beat()  # finds the younger's session under its id: reports, keeps its place
     assert not elder.standing_down
     advance(1.0, vault)
@@ -208,6 +178,12 @@ async def test_a_namesake_taken_for_a_crashed_one_is_found_out_when_it_beats_aga
     assert younger.standing_down and share(younger) == set()
     assert share(elder) == set(CREDENTIALS)
     assert {kind for kind, _ in problems} == {"duplicate_instance_id"}
+    assert all("k0" in message for _, message in problems)
+    # The elder stops: the younger takes the id back and owns everything again.
+    await elder.leave()
+    advance(younger.interval, vault)
+    assert await younger.beat() is True
+    assert not younger.standing_down and share(younger) == set(CREDENTIALS)
 
 
 async def test_a_restart_after_a_crash_takes_its_predecessors_place_without_a_report() -> None:
@@ -218,15 +194,14 @@ async def test_a_restart_after_a_crash_takes_its_predecessors_place_without_a_re
     await crashed.join()
     advance(2.0, vault)
     restarted = member(store, vault, "k0", problems)
-    joining = asyncio.ensure_future(restarted.join())
-    await asyncio.sleep(0)
-    advance(restarted.interval + 1.0, vault)  # the predecessor does not beat: it is dead
-    await joining
+    await restarted.join()  # at once: no wait before the first runs
+    assert vault.sleepers == 0
     assert not restarted.standing_down and problems == []
     assert share(restarted) == set(CREDENTIALS)
-    advance(restarted.interval, vault)
-    await restarted.beat()
-    assert problems == []
+    for _ in range(3):  # the predecessor never beats again: never a namesake
+        advance(restarted.interval, vault)
+        await restarted.beat()
+    assert problems == [] and not restarted.standing_down
 
 
 async def test_a_heartbeat_that_cannot_be_written_keeps_the_view_and_is_reported() -> None:
