@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -47,6 +48,17 @@ WRITE_ATTEMPTS = 3  # check-and-set attempts per beat before the beat counts as 
 SKEW_WARNING = 2.0  # seconds between this host's clock and Vault's that are worth a warning
 FORGET_AFTER = 3600.0  # a gone instance's entry is dropped this long after its last beat
 SKEW_EVERY = 60.0  # seconds between reads made only to measure this host's clock against Vault's
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host (signal 0 checks, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
 
 
 def members_path(state_prefix: str) -> str:
@@ -151,6 +163,7 @@ class Membership:
         pid: int = 0,
         session: str | None = None,
         on_problem: Callable[[str, str], None] | None = None,
+        process_alive: Callable[[int], bool] | None = None,
     ) -> None:
         self._store = store
         self._path = members_path(state_prefix)
@@ -167,6 +180,7 @@ class Membership:
             beat=0,
             beat_at=clock.time(),
         )
+        self._process_alive = process_alive or pid_alive
         # Told of what on-call must hear (kind, message): a namesake, skew, a failing beat.
         self._on_problem = on_problem or (lambda _kind, _message: None)
         self._seen: dict[str, Seen] = {}  # the other instances, by id
@@ -215,15 +229,36 @@ class Membership:
         return dict(self._members)
 
     async def join(self) -> bool:
-        """The first beat, at once: a restart after a crash must not wait (its credentials'
-        tokens are running out). An entry under this instance id from another process is
-        taken for a crashed predecessor and replaced; if its beat moves later, it was a
-        namesake, and the younger of the two stands down then (`_check_namesake`)."""
+        """The first beat. An entry under this instance id from another process is a crashed
+        predecessor's when it is old, or was written on this host by a process that is gone
+        (or had our pid: a container's restart): it is replaced at once, for a restart after a
+        crash must not wait while its tokens run out. A recent one from elsewhere may be a
+        namesake's: wait one beat; if it moved, stand down. (A namesake taken for a crashed
+        one is found out at the next beats, `_check_namesake`.)"""
         entry = await self._read()
         other = read_members(entry, self._path).get(self.instance) if entry else None
-        if other is not None and other.session != self._me.session:
+        if other is None or other.session == self._me.session:
+            return await self.beat()
+        recent = self._clock.time() - other.beat_at < self.takeover_after
+        if recent and not self._crashed_here(other):
+            log.info("members.waiting", instance=self.instance, seconds=round(self.interval, 1))
+            await self._clock.sleep(self.interval + 1.0)
+            again = await self._read()
+            current = read_members(again, self._path).get(self.instance) if again else None
+            if current is not None and (current.session, current.beat) != (
+                other.session,
+                other.beat,
+            ):
+                self._stand_down(current)  # it moved: alive
+        if not self.standing_down:
             self._predecessor = (other.session, other.beat)
         return await self.beat()
+
+    def _crashed_here(self, other: Member) -> bool:
+        """`other` ran on this host and its process is gone (or was this pid)."""
+        if other.host != self._me.host:
+            return False
+        return other.pid == self._me.pid or not self._process_alive(other.pid)
 
     async def beat(self) -> bool:
         """Read the record, judge who is alive, write this instance's entry (unless it stands

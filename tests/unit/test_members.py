@@ -4,6 +4,7 @@ alive, whose each credential is, and what a namesake, a skewed clock or a failin
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 
@@ -16,6 +17,7 @@ from keyturn.secret import Secret
 from keyturn.testing.vault import FakeVaultStore
 
 CREDENTIALS = [f"cred-{i}" for i in range(60)]
+RUNNING = {1, 2}  # the pids "alive" on every host of these tests
 TAKEOVER = 30.0
 
 
@@ -31,6 +33,9 @@ def member(
     clock: FakeClock,
     instance: str,
     problems: list[tuple[str, str]] | None = None,
+    *,
+    host: str | None = None,
+    pid: int = 1,
 ) -> Membership:
     return Membership(
         store,
@@ -38,8 +43,9 @@ def member(
         instance_id=instance,
         takeover_after=TAKEOVER,
         clock=clock,
-        host=f"host-{instance}",
-        pid=1,
+        host=host or f"host-{instance}",
+        pid=pid,
+        process_alive=lambda pid: pid in RUNNING,
         on_problem=(lambda kind, message: problems.append((kind, message)))
         if problems is not None
         else None,
@@ -184,6 +190,42 @@ async def test_a_namesake_stands_down_and_comes_back_when_the_elder_leaves() -> 
     advance(younger.interval, vault)
     assert await younger.beat() is True
     assert not younger.standing_down and share(younger) == set(CREDENTIALS)
+
+
+async def test_a_namesake_on_another_host_is_waited_for_and_stood_down_from_at_join() -> None:
+    """A recent entry under our id from another host may be a live namesake's: join waits one
+    beat before the first runs; it moved, so this process starts owning nothing."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    elder = member(store, vault, "k0", problems, host="a")
+    await elder.join()
+    younger = member(store, vault, "k0", problems, host="b")
+    joining = asyncio.ensure_future(younger.join())
+    await asyncio.sleep(0)
+    assert vault.sleepers == 1  # waiting
+    for _ in range(12):
+        advance(1.0, vault)
+        await elder.beat()
+        await asyncio.sleep(0)
+    await joining
+    assert younger.standing_down and share(younger) == set()
+    assert share(elder) == set(CREDENTIALS)
+    assert {kind for kind, _ in problems} == {"duplicate_instance_id"}
+
+
+async def test_a_restart_on_the_same_host_after_a_crash_does_not_wait() -> None:
+    """The entry is recent, but its process (same host) is gone: replaced at once."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    crashed = member(store, vault, "k0", pid=77)  # not running any more
+    await crashed.join()
+    advance(2.0, vault)
+    restarted = member(store, vault, "k0", problems, pid=2)
+    await restarted.join()
+    assert vault.sleepers == 0 and not restarted.standing_down and problems == []
+    assert share(restarted) == set(CREDENTIALS)
 
 
 async def test_a_restart_after_a_crash_takes_its_predecessors_place_without_a_report() -> None:
