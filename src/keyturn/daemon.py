@@ -389,14 +389,14 @@ async def open_daemon(
                     PlanStore(
                         store,
                         state_prefix=config.keyturn.state_prefix,
-                        instance_id=context.instance_id or config.keyturn.instance_id,
+                        instance_id=context.instance(config),
                     ),
                     runtime,
                     scheduler,
                 )
                 shares = ShareKeeper.build(
                     runtime,
-                    instance_id=context.instance_id or config.keyturn.instance_id,
+                    instance_id=context.instance(config),
                     address=server.url,
                     scheduler=scheduler,
                     metrics=metrics,

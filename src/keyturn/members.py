@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from keyturn.clock import Clock
 from keyturn.errors import KeyturnError, VaultCasConflict, VaultDataError
@@ -184,7 +182,6 @@ class Membership:
         # Told of what on-call must hear (kind, message): a namesake, skew, a failing beat.
         self._on_problem = on_problem or (lambda _kind, _message: None)
         self._seen: dict[str, Seen] = {}  # the other instances, by id
-        self._members: dict[str, Member] = {}
         self._live: tuple[str, ...] = (instance_id,)
         self._owned: dict[str, bool] = {}  # owns() answers, until the live set moves
         # Another process writing under our id (a namesake) that is older: while it beats,
@@ -224,10 +221,6 @@ class Membership:
             owned = self._owned[credential] = owner(credential, self._live) == self.instance
         return owned
 
-    def members(self) -> dict[str, Member]:
-        """The record's entries as last read (this instance's as last written)."""
-        return dict(self._members)
-
     async def join(self) -> bool:
         """The first beat. An entry under this instance id from another process is a crashed
         predecessor's when it is old, or was written on this host by a process that is gone
@@ -235,16 +228,14 @@ class Membership:
         crash must not wait while its tokens run out. A recent one from elsewhere may be a
         namesake's: wait one beat; if it moved, stand down. (A namesake taken for a crashed
         one is found out at the next beats, `_check_namesake`.)"""
-        entry = await self._read()
-        other = read_members(entry, self._path).get(self.instance) if entry else None
+        other = await self._entry_under_our_id()
         if other is None or other.session == self._me.session:
             return await self.beat()
         recent = self._clock.time() - other.beat_at < self.takeover_after
         if recent and not self._crashed_here(other):
             log.info("members.waiting", instance=self.instance, seconds=round(self.interval, 1))
             await self._clock.sleep(self.interval + 1.0)
-            again = await self._read()
-            current = read_members(again, self._path).get(self.instance) if again else None
+            current = await self._entry_under_our_id()
             if current is not None and (current.session, current.beat) != (
                 other.session,
                 other.beat,
@@ -270,9 +261,7 @@ class Membership:
                 self._measure_skew(entry)
                 self._check_namesake(members.get(self.instance))
                 self._judge(members)
-                if self.standing_down:
-                    self._members = members
-                else:
+                if not self.standing_down:
                     await self._write(entry, members)
                     await self._check_clock()
                 return self._news()
@@ -365,7 +354,6 @@ class Membership:
         )
         self._me, self._last_written_at = me, self._clock.monotonic()
         self._beat_reported = False
-        self._members = {**kept, self.instance: me}
 
     async def _check_clock(self) -> None:
         """Now and then read the record right after this instance's beat, while its version is
@@ -462,25 +450,11 @@ class Membership:
                 "instances take its share; it keeps running it too (leases keep runs apart)",
             )
 
-    async def _read(self) -> KvEntry | None:
+    async def _entry_under_our_id(self) -> Member | None:
+        """The record's entry under this instance id (None also when it cannot be read)."""
         try:
-            return await self._store.read(self._path, consistent=True)
+            entry = await self._store.read(self._path, consistent=True)
         except KeyturnError as error:
             self._beat_failed(error)
             return None
-
-
-def describe(member: Member, *, now: float, takeover_after: float) -> dict[str, Any]:
-    """One instance as `keyturn status --instances` shows it (judged by wall clock: a
-    one-shot command sees the record once)."""
-    age = now - member.beat_at
-    return {
-        "instance": member.instance,
-        "state": "live" if age < takeover_after else "gone",
-        "host": member.host,
-        "address": member.address,
-        "pid": member.pid,
-        "started": member.started,
-        "last_beat_age": round(age, 1) if math.isfinite(age) else None,
-        "skew": member.skew,
-    }
+        return read_members(entry, self._path).get(self.instance)

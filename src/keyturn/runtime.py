@@ -45,6 +45,10 @@ class Context:
     def resolver(self) -> ReferenceResolver:
         return ReferenceResolver(self.environ, self.store)
 
+    def instance(self, config: Config) -> str:
+        """This process's instance id: the context's, else the configuration's."""
+        return self.instance_id or config.keyturn.instance_id
+
     def job_deps(self, config: Config) -> JobDeps:
         """What the jobs of `config` share: this context, with the configuration's state
         prefix, instance id and lease length."""
@@ -53,7 +57,7 @@ class Context:
             observer=self.observers,
             clock=self.clock,
             rng=self.rng,
-            instance_id=self.instance_id or config.keyturn.instance_id,
+            instance_id=self.instance(config),
             state_prefix=config.keyturn.state_prefix,
             lease_seconds=lease_seconds(config.providers),
             checkpoint=self.checkpoint,

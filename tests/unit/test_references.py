@@ -160,9 +160,7 @@ class FakeVault:
         self.data = data
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
 
-    async def read_fields(
-        self, mount: str, path: str, fields: Sequence[str]
-    ) -> dict[str, Secret]:
+    async def read_fields(self, mount: str, path: str, fields: Sequence[str]) -> dict[str, Secret]:
         self.calls.append((mount, path, tuple(fields)))
         try:
             return {field: Secret(self.data[(mount, path)][field]) for field in fields}
