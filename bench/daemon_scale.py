@@ -285,14 +285,44 @@ def write_config(
     connections = (
         f"max_connections = {args.provider_connections}\n" if args.provider_connections else ""
     )
-    parts = [
-        f"""# Written by bench/daemon_scale.py
+    header = f"""# Written by bench/daemon_scale.py
 [keyturn]
 instance_id = "bench"
 log_level = "warning"
 max_concurrency = {args.concurrency}
 vault_concurrency = {args.vault_concurrency}
+"""
+    path = workdir / "keyturn.toml"
+    path.write_text(
+        header
+        + service_tables(
+            vault_address,
+            token_file,
+            base_url,
+            args.credentials,
+            PUBLISHED,
+            provider_extra=connections,
+            credential_extra=probe,
+        )
+    )
+    return path
 
+
+def service_tables(
+    vault_address: str,
+    token_file: Path,
+    base_url: str,
+    count: int,
+    publish: str,
+    *,
+    provider_extra: str = "",
+    credential_extra: str = "",
+) -> str:
+    """[vault], [metrics], the sandbox's [[providers]] and one [[credentials]] per registered
+    app (inputs at `secret/INPUTS/c<i>`, published under `publish`): what every benchmark's
+    keyturn.toml holds after its [keyturn] table."""
+    parts = [
+        f"""
 [vault]
 address = "{vault_address}"
 auth = {{ method = "token_file", path = "{token_file}" }}
@@ -309,9 +339,9 @@ allow_insecure_http = true
 token_request = "json"
 client_auth = "body"
 timeout = "30s"
-{connections}"""
+{provider_extra}"""
     ]
-    for i in range(args.credentials):
+    for i in range(count):
         parts.append(
             f"""
 [[credentials]]
@@ -320,12 +350,10 @@ provider = "sandbox"
 kind = "oauth_client"
 client_id = "vault:secret/{INPUTS}/c{i}#client_id"
 client_secret = "vault:secret/{INPUTS}/c{i}#client_secret"
-publish_to = "{PUBLISHED}/c{i}"
-{probe}"""
+publish_to = "{publish}/c{i}"
+{credential_extra}"""
         )
-    path = workdir / "keyturn.toml"
-    path.write_text("".join(parts))
-    return path
+    return "".join(parts)
 
 
 # -- the minimal script -----------------------------------------------------------------------

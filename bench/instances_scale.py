@@ -344,48 +344,21 @@ def write_config(
 ) -> Path:
     """The keyturn.toml every instance of one configuration shares (the environment sets
     instance_id, the Vault address and nodes, and the metrics port)."""
-    parts = [
-        f"""# Written by bench/instances_scale.py
+    header = f"""# Written by bench/instances_scale.py
 [keyturn]
 instance_id = "k0"
 log_level = "info"
 state_prefix = "{STATE.format(count=count)}"
 takeover_after = "{args.takeover_after:g}s"
 watch_interval = "1h"
-
-[vault]
-address = "http://127.0.0.1:8200"
-auth = {{ method = "token_file", path = "{token_file}" }}
-mount = "secret"
-renew_margin = "60s"
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "sandbox"
-base_url = "{base_url}"
-allow_insecure_http = true
-token_request = "json"
-client_auth = "body"
-timeout = "30s"
 """
-    ]
     publish = PUBLISHED.format(count=count)
-    for i in range(args.credentials):
-        parts.append(
-            f"""
-[[credentials]]
-name = "c{i}"
-provider = "sandbox"
-kind = "oauth_client"
-client_id = "vault:secret/{ds.INPUTS}/c{i}#client_id"
-client_secret = "vault:secret/{ds.INPUTS}/c{i}#client_secret"
-publish_to = "{publish}/c{i}"
-"""
-        )
+    # The address is a placeholder: each instance's environment names its own node.
+    tables = ds.service_tables(
+        "http://127.0.0.1:8200", token_file, base_url, args.credentials, publish
+    )
     path = workdir / f"keyturn-i{count}.toml"
-    path.write_text("".join(parts))
+    path.write_text(header + tables)
     return path
 
 
