@@ -251,9 +251,11 @@ def test_apps_make_no_failed_call_across_refreshes(deploy, settings) -> None:
     replaced = [t for t in tokens if t["revoke_reason"] == "replaced at refresh"]
     if settings:
         # The provider killed each replaced token at once: calls made with it between the
-        # refresh and the app's next read were refused (401/403), re-read and retried.
+        # refresh and the app's next read were refused (401/403), re-read and retried. Which
+        # of the three loops (sharing one Credential) hit that moment is timing; each
+        # integration's retry is also tested alone, in test_credential.py.
         assert len(replaced) >= 3
-        assert min(calls.retried.values()) >= 1, calls.retried  # in each of the three loops
+        assert sum(calls.retried.values()) >= 1, calls.retried
     else:
         assert replaced == []
         assert sum(calls.retried.values()) == 0  # read again in time: no call needed a retry

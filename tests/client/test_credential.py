@@ -9,6 +9,7 @@ rejection polls (a fraction of a second) and reads held open to make callers ove
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import threading
 import time
@@ -17,10 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import hvac.exceptions
 import pytest
 import requests
+import requests.adapters
 from keyturn_client import Credential, CredentialUnavailable
+from keyturn_client.httpx import KeyturnAuth as HttpxAuth
+from keyturn_client.requests import KeyturnAuth as RequestsAuth
 
 from keyturn.clock import FakeClock, rfc3339
 
@@ -620,3 +625,115 @@ async def test_coroutines_refused_together_share_the_re_read(vault, clock, make,
     assert got == ["Bearer at_two"] * 12
     assert len(vault.reads) == 3
     assert executor.submitted == 2  # the first read, then one shared re-read
+
+
+# -- the HTTP integrations: one retry with the new value -------------------------------------------
+
+
+class Service:
+    """A service that accepts only `Bearer <accepted>` and answers the rest 401, or 403
+    `insufficient_scope` when told to; it records every Authorization header and body."""
+
+    def __init__(self, accepted: str, *, refusal: tuple[int, str] | None = None) -> None:
+        self.accepted = f"Bearer {accepted}"
+        self.refusal = refusal or (401, 'Bearer error="invalid_token"')
+        self.seen: list[tuple[str, bytes]] = []
+
+    def answer(self, authorization: str, body: bytes) -> tuple[int, dict[str, str]]:
+        self.seen.append((authorization, body))
+        if authorization == self.accepted:
+            return 200, {}
+        status, challenge = self.refusal
+        return status, {"WWW-Authenticate": challenge}
+
+    def httpx_transport(self) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            status, headers = self.answer(request.headers["Authorization"], request.read())
+            return httpx.Response(status, headers=headers, json={"ok": status == 200})
+
+        return httpx.MockTransport(handle)
+
+    def requests_adapter(self) -> requests.adapters.BaseAdapter:
+        service = self
+
+        class Adapter(requests.adapters.BaseAdapter):
+            def send(self, request: requests.PreparedRequest, **_: Any) -> requests.Response:
+                body = request.body
+                if hasattr(body, "read"):
+                    body = body.read()
+                raw = body.encode() if isinstance(body, str) else (body or b"")
+                status, headers = service.answer(str(request.headers["Authorization"]), raw)
+                response = requests.Response()
+                response.status_code = status
+                response.headers.update(headers)
+                response.raw = io.BytesIO(b"{}")
+                response.request = request
+                response.url = str(request.url)
+                response.connection = self
+                return response
+
+            def close(self) -> None:
+                pass
+
+        return Adapter()
+
+
+def refreshed_after_first_use(vault: FakeVault, clock: FakeClock, make) -> Credential:
+    """A credential that has sent `at_one`, which keyturn has since replaced by `at_two`."""
+    vault.publish(oauth(clock, "at_one", refresh_in=60))
+    credential = make()
+    assert credential.authorization == "Bearer at_one"
+    vault.publish(oauth(clock, "at_two", refresh_in=60))
+    return credential
+
+
+def test_httpx_retries_a_refused_call_once_with_the_new_value(vault, clock, make) -> None:
+    service = Service("at_two")
+    credential = refreshed_after_first_use(vault, clock, make)
+    auth = HttpxAuth(credential)
+    with httpx.Client(transport=service.httpx_transport(), auth=auth) as client:
+        answer = client.post("https://service.test/v1/projects", content=b"payload")
+    assert answer.status_code == 200
+    assert [r.status_code for r in answer.history] == [401]
+    assert service.seen == [("Bearer at_one", b"payload"), ("Bearer at_two", b"payload")]
+
+
+async def test_async_httpx_retries_a_refused_call_once_with_the_new_value(
+    vault, clock, make
+) -> None:
+    service = Service("at_two")
+    credential = refreshed_after_first_use(vault, clock, make)
+    auth = HttpxAuth(credential)
+    async with httpx.AsyncClient(transport=service.httpx_transport(), auth=auth) as client:
+        answer = await client.post("https://service.test/v1/projects", content=b"payload")
+    assert answer.status_code == 200
+    assert [r.status_code for r in answer.history] == [401]
+    assert service.seen == [("Bearer at_one", b"payload"), ("Bearer at_two", b"payload")]
+
+
+def test_requests_retries_a_refused_call_once_with_the_new_value(vault, clock, make) -> None:
+    service = Service("at_two")
+    credential = refreshed_after_first_use(vault, clock, make)
+    with requests.Session() as session:
+        session.mount("https://service.test/", service.requests_adapter())
+        session.auth = RequestsAuth(credential)
+        answer = session.post("https://service.test/v1/projects", data=io.BytesIO(b"payload"))
+    assert answer.status_code == 200
+    assert [r.status_code for r in answer.history] == [401]
+    assert service.seen == [("Bearer at_one", b"payload"), ("Bearer at_two", b"payload")]
+
+
+def test_a_refusal_for_scope_is_returned_as_it_is(vault, clock, make) -> None:
+    service = Service("at_two", refusal=(403, 'Bearer error="insufficient_scope"'))
+    credential = refreshed_after_first_use(vault, clock, make)
+    reads = len(vault.reads)
+    with httpx.Client(transport=service.httpx_transport(), auth=HttpxAuth(credential)) as client:
+        via_httpx = client.get("https://service.test/v1/projects")
+    with requests.Session() as session:
+        session.mount("https://service.test/", service.requests_adapter())
+        session.auth = RequestsAuth(credential)
+        via_requests = session.get("https://service.test/v1/projects")
+    assert (via_httpx.status_code, via_requests.status_code) == (403, 403)
+    assert via_httpx.history == [] and via_requests.history == []
+    assert [authorization for authorization, _ in service.seen] == ["Bearer at_one"] * 2
+    assert len(vault.reads) == reads  # a new value would lack the scope too: not read
