@@ -8,7 +8,8 @@
 #
 # It grants exactly what keyturn uses (src/keyturn/commands/check.py, required_capabilities,
 # and the mount check of src/keyturn/vault/mounts.py), and nothing else: no delete, no sudo,
-# one list (the state prefix), nothing outside these paths.
+# two lists (the state prefix's names, the published folders' metadata), nothing outside
+# these paths.
 # docs: deploy/vault/README.md, docs/vault.md.
 
 # The inputs keyturn reads through `vault:` references: client ids and secrets, a rotator's
@@ -42,6 +43,13 @@ path "secret/data/apps/*" {
 # someone else.
 path "secret/metadata/apps/*" {
   capabilities = ["create", "update", "read"]
+}
+
+# The folders of those paths, listed with each key's metadata (OpenBao's `detailed-metadata`
+# LIST) by the same sweep: one call for up to 500 published paths instead of a read each.
+# Without it (or on HashiCorp Vault, which has no such endpoint) the sweep reads path by path.
+path "secret/detailed-metadata/apps/*" {
+  capabilities = ["list"]
 }
 
 # keyturn's own token: look it up, renew it, and ask which capabilities it has

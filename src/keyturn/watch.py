@@ -1,23 +1,31 @@
 """Detector 1: a published secret changed by someone other than keyturn.
 
-A periodic sweep reads the KV metadata of every published path (one read per credential, a few
-at a time) and compares it with what keyturn last wrote (re-reading the journal before
+A periodic sweep gets the KV metadata of every published path and compares it with what
+keyturn last wrote (re-reading the journal before
 reporting, as another instance may have written since): a newer version (a write by someone
 else), deleted or destroyed versions, or custom metadata that no longer says keyturn wrote it.
 Each finding is reported once per version seen. The response is configurable: `republish` puts
 keyturn's value back (apps get a working credential again), `alert` leaves the path alone for a
 person to look at. (Conflicts keyturn meets while writing are reported by the writers
 themselves.)
+
+Where two or more published paths share a folder, the sweep lists the folder with each key's
+metadata (OpenBao's `detailed-metadata` LIST, `LIST_PAGE` keys a call) instead of reading
+each path: at 10,000 credentials in one folder that is 20 calls, not 10,000. A path missing
+from the listing, a folder Vault will not list (HashiCorp Vault has no such endpoint: 404;
+a policy without `list` there: 403, then not tried again by this process) and a path alone
+in its folder are read one by one, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from keyturn.errors import KeyturnError
+from keyturn.errors import KeyturnError, VaultPermissionDenied
 from keyturn.events import Observer, Suspicious
 from keyturn.layout import MANAGED_BY
 from keyturn.logs import get_logger
@@ -26,6 +34,8 @@ from keyturn.vault.store import KvMetadata, KvStore
 
 Response = Literal["republish", "alert"]
 DETECTOR = "published_secret_changed"
+LIST_PAGE = 500  # keys per detailed-metadata LIST: about 300 KB of JSON a page
+LIST_AT_LEAST = 2  # published paths in one folder for the sweep to list it rather than read
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,27 @@ def findings(metadata: KvMetadata | None, known_version: int, credential: str) -
     return found
 
 
+def folder_of(path: str) -> str:
+    """The folder a published path sits in ("" for a path at the mount's root)."""
+    return path.rpartition("/")[0]
+
+
+def leaf(path: str) -> str:
+    """A published path's name in its folder, as a folder listing shows it."""
+    return path.rpartition("/")[2]
+
+
+def listed_folders(paths: Iterable[str]) -> dict[str, list[str]]:
+    """The folders the sweep lists, each with the published paths it holds (LIST_AT_LEAST or
+    more); `keyturn check` asks for `list` on each."""
+    folders: dict[str, list[str]] = {}
+    for path in paths:
+        folders.setdefault(folder_of(path), []).append(path)
+    return {
+        folder: held for folder, held in folders.items() if folder and len(held) >= LIST_AT_LEAST
+    }
+
+
 class JobLookup(Protocol):
     """Where the watcher reads what this process last published (the scheduler)."""
 
@@ -80,6 +111,7 @@ class PublishedWatcher:
         response: Response,
         interval: float,
         concurrency: int = 4,
+        list_page: int = LIST_PAGE,
     ) -> None:
         self._targets = targets  # read at every sweep: a reload changes them
         self._store = store
@@ -90,32 +122,84 @@ class PublishedWatcher:
         self._response = response
         self._interval = interval
         self._concurrency = max(1, concurrency)
+        self._list_page = list_page
         self._reported: dict[str, tuple[int | None, tuple[str, ...]]] = {}
+        self._unlistable: set[str] = set()  # folders whose LIST Vault refused (403)
         self._log = get_logger("keyturn.watch")
 
     async def sweep(self) -> float:
-        """Check every target, `concurrency` reads at a time: Vault answers reads in parallel,
-        and one at a time a sweep of 10,000 paths is 10,000 round trips end to end."""
-        pending = iter(list(self._targets()))
+        """Check every target, `concurrency` Vault calls at a time: Vault answers in parallel,
+        and one at a time a sweep of 10,000 paths is 10,000 round trips end to end. First the
+        folders are listed, then each target is judged from its listed metadata or, when the
+        listing did not show it, from a read of its path."""
+        targets = list(self._targets())
+        listed: dict[str, KvMetadata] = {}
+        folders = listed_folders(target.publish_to for target in targets)
+        await self._pooled(
+            functools.partial(self._list_folder, folder, paths, listed)
+            for folder, paths in folders.items()
+        )
+        await self._pooled(
+            functools.partial(self._check_logged, target, listed.get(target.publish_to))
+            for target in targets
+        )
+        return self._interval
+
+    async def _pooled(self, units: Iterable[Callable[[], Awaitable[None]]]) -> None:
+        pending = iter(units)
 
         async def worker() -> None:
-            for target in pending:  # shared: each target is taken by one worker
-                try:
-                    await self.check(target)
-                except KeyturnError as error:  # Vault trouble is reported by the jobs themselves
-                    self._log.warning("watch.failed", credential=target.name, error=str(error))
+            for unit in pending:  # shared: each unit is taken by one worker
+                await unit()
 
         async with asyncio.TaskGroup() as group:
             for _ in range(self._concurrency):
                 group.create_task(worker())
-        return self._interval
 
-    async def check(self, target: WatchTarget) -> list[str]:
+    async def _list_folder(
+        self, folder: str, paths: list[str], into: dict[str, KvMetadata]
+    ) -> None:
+        """Put the metadata of `paths` (all in `folder`) into `into`, from as few LIST pages as
+        cover them. Nothing when the folder cannot be listed: its paths are read one by one."""
+        if folder in self._unlistable:
+            return
+        names = {leaf(path) for path in paths}
+        after, last = "", max(names)
+        while True:
+            try:
+                page = await self._store.list_metadata(
+                    folder, after=after, limit=self._list_page, consistent=True
+                )
+            except VaultPermissionDenied as error:
+                self._unlistable.add(folder)
+                self._log.warning("watch.list_refused", folder=folder, error=str(error))
+                return
+            except KeyturnError as error:
+                self._log.warning("watch.list_failed", folder=folder, error=str(error))
+                return
+            if not page:
+                return
+            for name, metadata in page:
+                if name in names and metadata is not None:
+                    into[f"{folder}/{name}"] = metadata
+            after = page[-1][0]
+            if len(page) < self._list_page or after >= last:
+                return
+
+    async def _check_logged(self, target: WatchTarget, listed: KvMetadata | None = None) -> None:
+        try:
+            await self.check(target, listed)
+        except KeyturnError as error:  # Vault trouble is reported by the jobs themselves
+            self._log.warning("watch.failed", credential=target.name, error=str(error))
+
+    async def check(self, target: WatchTarget, listed: KvMetadata | None = None) -> list[str]:
+        """Judge `target` from `listed` (its metadata from a folder listing) or, without it,
+        from a read of its path."""
         status = self._jobs.status_of(target.name)
         known = status.state.token.published_version if status and status.state else None
         if known is None:
             return []  # never published by this process yet: nothing to compare with
-        metadata = await self._store.read_metadata(target.publish_to, consistent=True)
+        metadata = listed or await self._store.read_metadata(target.publish_to, consistent=True)
         found = findings(metadata, known, target.name)
         if found:
             # Another instance (or this one, since its last run) may have published: the

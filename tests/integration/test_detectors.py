@@ -66,6 +66,7 @@ def deploy(
         keyturn: dict[str, Any] | None = None,
         credential: dict[str, Any] | None = None,
         vault: dict[str, str] | None = None,
+        publish_folder: str | None = None,
     ) -> Deployment:
         deployment = prepare_deployment(
             openbao,
@@ -79,6 +80,7 @@ def deploy(
                 "backoff": {"initial": "200ms", "max": "1s"},
                 **(credential or {}),
             },
+            publish_folder=publish_folder,
         )
         text = deployment.config_path.read_text()
         extra = "".join(f'{key} = "{value}"\n' for key, value in (vault or {}).items())
@@ -291,6 +293,45 @@ def test_a_write_to_a_published_path_is_reported_and_handled_as_configured(
         # Reported once for that version, not at every sweep.
         assert len(receiver.matching("published_secret_changed", "watched")) == 1
         assert running.suspicious("published_secret_changed", "watched") == 1
+
+
+def test_a_folder_of_published_paths_is_swept_by_listing_it(
+    deploy, start, receiver: AlertReceiver
+) -> None:
+    """Six credentials publish into one folder: the sweep lists it with every key's metadata
+    (OpenBao's detailed-metadata LIST) instead of reading each path, and still sees a planted
+    version and a path deleted with all its versions."""
+    names = [f"shared-{i}" for i in range(6)]
+    deployment = deploy(
+        names,
+        {"access_token_lifetime": 120},
+        keyturn={"watch_interval": "1s", "on_external_change": "alert"},
+        publish_folder="apps/shared",
+    )
+    running = start(deployment)
+    for name in names:
+        wait_published(deployment, name)
+    time.sleep(2.5)  # two sweeps with nothing to find
+    quiet = running.sample("keyturn_vault_operations_total", operation="read_metadata")
+    listed = running.sample("keyturn_vault_operations_total", operation="list")
+    time.sleep(3)
+    # Each sweep is one LIST of apps/shared/, no read of a path: every read_metadata seen
+    # meanwhile would be a path read one by one.
+    assert running.sample("keyturn_vault_operations_total", operation="list") >= listed + 2
+    assert running.sample("keyturn_vault_operations_total", operation="read_metadata") == quiet
+    assert receiver.matching("published_secret_changed", names[0]) == []
+
+    plant(deployment, names[1], f"ktsb_at_planted{uuid.uuid4().hex}")
+    deployment.vault_client().secrets.kv.v2.delete_metadata_and_all_versions(
+        path=deployment.publish_to[names[4]]
+    )
+    planted = receiver.wait_alert("published_secret_changed", names[1], timeout=10)
+    deleted = receiver.wait_alert("published_secret_changed", names[4], timeout=10)
+    assert "keyturn last wrote" in planted["summary"]
+    assert deleted["severity"] == "critical"
+    assert "deleted" in deleted["summary"]
+    others = [n for n in names if n not in (names[1], names[4])]
+    assert all(receiver.matching("published_secret_changed", n) == [] for n in others)
 
 
 # -- 2. invalid_grant on the refresh token keyturn alone should hold --------------------------

@@ -264,6 +264,29 @@ async def test_list_keys_names_what_is_directly_under_a_prefix(backend: Backend)
     assert await backend.store.list_keys(backend.path("listed")) == ["a", "sub/"]
 
 
+async def test_list_metadata_pages_a_folder_with_each_key_s_metadata(backend: Backend) -> None:
+    folder = backend.path("published")
+    assert await backend.store.list_metadata(folder, limit=10) is None  # nothing there yet
+    for name in ("c", "a", "b", "sub/d"):
+        await backend.store.write(f"{folder}/{name}", {"v": name}, cas=0)
+    await backend.store.write(f"{folder}/b", {"v": "b2"}, cas=1, custom_metadata={"k": "v"})
+    await backend.store.delete_all(f"{folder}/c")
+
+    first = await backend.store.list_metadata(folder, limit=2, consistent=True)
+    assert first is not None
+    assert [name for name, _ in first] == ["a", "b"]
+    listed = dict(first)
+    direct = await backend.store.read_metadata(f"{folder}/b", consistent=True)
+    assert listed["b"] == direct  # the same metadata a read of the path gives
+    assert listed["b"] is not None and listed["b"].current_version == 2
+    assert listed["b"].custom_metadata == {"k": "v"}
+    assert listed["a"] is not None and listed["a"].path == f"{folder}/a"
+
+    rest = await backend.store.list_metadata(folder, after="b", limit=2)
+    assert rest == [("sub/", None)]  # c is gone; a sub-folder has no metadata
+    assert await backend.store.list_metadata(folder, after="sub/", limit=2) is None
+
+
 async def test_read_fields_returns_secrets(backend: Backend) -> None:
     path = backend.path("inputs")
     await backend.store.write(path, {"client_id": "cid-1", "client_secret": "cs-1"}, cas=0)

@@ -12,7 +12,7 @@ from keyturn.jobs.job import Outcome
 from keyturn.scheduler import JobView
 from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
-from keyturn.watch import PublishedWatcher, WatchTarget
+from keyturn.watch import PublishedWatcher, WatchTarget, listed_folders
 
 PATH = "apps/reporting/acme"
 OURS = {"managed-by": "keyturn", "credential": "reporting", "writer": "i-1", "expires_at": "x"}
@@ -29,6 +29,8 @@ def make(
     response: str = "republish",
     journal: dict[str, int] | None = None,
     in_progress: bool = False,
+    targets: list[WatchTarget] | None = None,
+    list_page: int = 500,
 ):
     seen: list[Suspicious] = []
     republished: list[str] = []
@@ -53,7 +55,7 @@ def make(
         return (journal if journal is not None else known).get(name), in_progress
 
     watcher = PublishedWatcher(
-        lambda: [WatchTarget("reporting", "acme", PATH)],
+        lambda: targets or [WatchTarget("reporting", "acme", PATH)],
         store=store,
         observer=observer,
         jobs=Jobs(),
@@ -61,6 +63,7 @@ def make(
         republish=republish,
         response=response,  # type: ignore[arg-type]
         interval=300,
+        list_page=list_page,
     )
     return watcher, seen, republished
 
@@ -217,3 +220,86 @@ async def test_a_sweep_reads_a_few_paths_at_a_time_and_checks_every_one() -> Non
     assert store.most == 3
     assert sorted(store.read_paths) == sorted(f"apps/{name}/acme" for name in names)
     assert not [e for e in seen if isinstance(e, Suspicious)]
+
+
+# -- one folder, many published paths: listed, not read one by one -----------------------------
+
+
+async def billing_folder(store: FakeVaultStore, count: int) -> tuple[list[WatchTarget], dict]:
+    """`count` credentials published in apps/billing/, and a foreign secret after them."""
+    targets, known = [], {}
+    for i in range(count):
+        name = f"c{i:02}"
+        path = f"apps/billing/{name}"
+        metadata = {**OURS, "credential": name}
+        known[name] = await store.write(
+            path, {"access_token": "t"}, cas=None, custom_metadata=metadata
+        )
+        targets.append(WatchTarget(name, "acme", path))
+    store.external_write("apps/billing/zz-not-keyturn", {"x": "y"})
+    return targets, known
+
+
+def calls(store: FakeVaultStore) -> list[tuple[str, str]]:
+    return [(kind, path) for kind, path, _ in store.reads]
+
+
+async def test_a_folder_of_published_paths_is_listed_in_pages_not_read_path_by_path(
+    store: FakeVaultStore,
+) -> None:
+    targets, known = await billing_folder(store, 12)
+    store.external_write("apps/billing/c03", {"access_token": "planted"})
+    await store.delete_all("apps/billing/c07")
+    watcher, seen, republished = make(store, known, targets=targets, list_page=5)
+    store.reads.clear()
+    await watcher.sweep()
+    # 11 paths left in 12 names: pages of 5, 5 and the rest; c07, missing from the listing,
+    # is read to be sure it is gone; the foreign key past c11 ends the listing.
+    assert calls(store) == [
+        ("list_metadata", "apps/billing"),
+        ("list_metadata", "apps/billing"),
+        ("list_metadata", "apps/billing"),
+        ("read_metadata", "apps/billing/c07"),
+    ]
+    assert all(consistent for _, _, consistent in store.reads)
+    assert {(e.credential, e.severity) for e in seen} == {("c03", "warning"), ("c07", "critical")}
+    assert "version 2 is current; keyturn last wrote 1" in next(
+        e.detail for e in seen if e.credential == "c03"
+    )
+    assert "deleted" in next(e.detail for e in seen if e.credential == "c07")
+    assert sorted(republished) == ["c03", "c07"]
+
+
+async def test_without_detailed_listing_every_path_is_read(store: FakeVaultStore) -> None:
+    targets, known = await billing_folder(store, 6)
+    store.external_write("apps/billing/c02", {"access_token": "planted"})
+    store.detailed_listing = False  # HashiCorp Vault: the LIST answers 404
+    watcher, seen, _ = make(store, known, targets=targets)
+    store.reads.clear()
+    await watcher.sweep()
+    assert calls(store) == [("list_metadata", "apps/billing")] + [
+        ("read_metadata", f"apps/billing/c{i:02}") for i in range(6)
+    ]
+    assert [e.credential for e in seen] == ["c02"]
+
+
+async def test_a_folder_the_policy_will_not_list_is_read_and_not_listed_again(
+    store: FakeVaultStore,
+) -> None:
+    targets, known = await billing_folder(store, 3)
+    limited = store.with_policy(
+        {"secret/data/apps/*": ["read"], "secret/metadata/apps/*": ["read"]}
+    )
+    watcher, seen, _ = make(limited, known, targets=targets)
+    await watcher.sweep()
+    await watcher.sweep()
+    reads = [kind for kind, _ in calls(limited)]
+    assert reads.count("list_metadata") == 1  # refused once: not asked again
+    assert reads.count("read_metadata") == 6  # every path, in each sweep
+    assert seen == []
+
+
+def test_only_folders_holding_two_published_paths_or_more_are_listed() -> None:
+    assert listed_folders(["apps/a/x", "apps/a/y", "apps/b/z", "top"]) == {
+        "apps/a": ["apps/a/x", "apps/a/y"]
+    }

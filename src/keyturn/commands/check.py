@@ -45,6 +45,7 @@ from keyturn.usage.sources import check_address, check_file
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.mounts import inspect_mount
 from keyturn.vault.store import KvStore
+from keyturn.watch import listed_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +115,10 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
         needed[f"{mount}/data/{private}"] |= {"create", "update", "read"}
     # One LIST at the daemon's start finds the credentials that have no record yet.
     needed[f"{mount}/metadata/{config.keyturn.state_prefix.strip('/')}/"] |= {"list"}
+    # The watcher's sweep lists each folder holding several published paths.
+    published = [credential.publish_to for credential in config.credentials]
+    for folder in listed_folders(published) if config.keyturn.watch_interval > 0 else ():
+        needed[f"{mount}/detailed-metadata/{folder}/"] |= {"list"}
     return needed
 
 

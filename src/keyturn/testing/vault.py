@@ -6,9 +6,10 @@ replaced by each metadata write, and a `policy` (full API path -> capabilities, 
 globs) turns denied calls into `VaultPermissionDenied`. The contract suite runs against this
 and a real OpenBao, so what a unit test learns from the fake holds against Vault.
 
-Test conveniences: `fail_next(exc)`, `unavailable`, `writes`, `external_write`,
-`delete_versions`, `destroy_versions`; `reads` (every read, and whether it asked to be
-`consistent`) and `stale_by` (a lagging standby: plain reads miss the latest versions).
+Test conveniences: `fail_next(exc)`, `unavailable`, `detailed_listing`, `writes`,
+`external_write`, `delete_versions`, `destroy_versions`; `reads` (every read, and whether it
+asked to be `consistent`) and `stale_by` (a lagging standby: plain reads miss the latest
+versions).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class FakeVaultStore:
         # excepted). Writes, check-and-set and consistent reads always see the current data.
         self.stale_by = 0
         self.authenticated = True
+        # OpenBao lists a folder with each key's metadata (`detailed-metadata`); False answers
+        # as HashiCorp Vault does (404), and callers read path by path.
+        self.detailed_listing = True
 
     def __repr__(self) -> str:
         return f"FakeVaultStore(mount={self.mount!r}, paths={len(self._records)})"
@@ -93,6 +97,7 @@ class FakeVaultStore:
         other = FakeVaultStore(mount=self.mount, clock=self._clock, policy=policy)
         other._records = self._records
         other._max_versions = self._max_versions
+        other.detailed_listing = self.detailed_listing
         return other
 
     def fail_next(self, exc: BaseException) -> None:
@@ -178,6 +183,18 @@ class FakeVaultStore:
         self._enter("read metadata", path)
         self.reads.append(("read_metadata", path, consistent))
         self._check(f"{self.mount}/metadata/{path}", "read", path)
+        return self._metadata(path, consistent)
+
+    def _names(self, base: str) -> list[str]:
+        """The names directly under `base` (ending in `/`), sub-folders with a trailing `/`."""
+        names = set()
+        for mount, path in self._records:
+            if mount == self.mount and path.startswith(base):
+                rest = path[len(base) :]
+                names.add(rest.split("/", 1)[0] + "/" if "/" in rest else rest)
+        return sorted(names)
+
+    def _metadata(self, path: str, consistent: bool) -> KvMetadata | None:
         record = self._records.get((self.mount, path))
         if record is None:
             return None
@@ -207,13 +224,24 @@ class FakeVaultStore:
         self._enter("list", prefix)
         self.reads.append(("list", prefix, consistent))
         self._check(f"{self.mount}/metadata/{prefix.strip('/')}/", "list", prefix)
-        base = prefix.strip("/") + "/"
-        names = set()
-        for mount, path in self._records:
-            if mount == self.mount and path.startswith(base):
-                rest = path[len(base) :]
-                names.add(rest.split("/", 1)[0] + "/" if "/" in rest else rest)
-        return sorted(names)
+        return self._names(prefix.strip("/") + "/")
+
+    async def list_metadata(
+        self, folder: str, *, after: str = "", limit: int, consistent: bool = False
+    ) -> list[tuple[str, KvMetadata | None]] | None:
+        self._enter("list metadata", folder)
+        self.reads.append(("list_metadata", folder, consistent))
+        base = folder.strip("/") + "/"
+        self._check(f"{self.mount}/detailed-metadata/{base}", "list", folder)
+        if not self.detailed_listing:
+            return None  # HashiCorp Vault: no such endpoint, 404
+        names = [name for name in self._names(base) if name > after][: max(1, limit)]
+        if not names:
+            return None
+        return [
+            (name, None if name.endswith("/") else self._metadata(base + name, consistent))
+            for name in names
+        ]
 
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False

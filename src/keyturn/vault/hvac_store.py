@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 import requests.adapters
 
@@ -243,6 +244,34 @@ class VaultStore:
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise VaultDataError("vault list: keys is not a list of strings", path=prefix)
         return list(keys)
+
+    async def list_metadata(
+        self, folder: str, *, after: str = "", limit: int, consistent: bool = False
+    ) -> list[tuple[str, KvMetadata | None]] | None:
+        validate_path(folder)
+        query = urlencode({"after": after, "limit": limit} if after else {"limit": limit})
+        body = await self._call_url(
+            "LIST",
+            f"{api_url(self.mount, 'detailed-metadata', folder.strip('/'))}/?{query}",
+            kind="list",
+            operation="list metadata",
+            path=f"{self.mount}/{folder}",
+            missing_ok=True,
+            consistent=consistent,
+        )
+        data = _dict(body.get("data")) if body else None
+        if data is None:
+            return None
+        keys, infos = data.get("keys"), _dict(data.get("key_info")) or {}
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise VaultDataError("vault list metadata: keys is not a list of strings", path=folder)
+        base = folder.strip("/")
+        page: list[tuple[str, KvMetadata | None]] = []
+        for key in keys:
+            info = _dict(infos.get(key))
+            listed = None if key.endswith("/") or not info else _metadata(f"{base}/{key}", info)
+            page.append((key, listed))
+        return page
 
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False

@@ -103,6 +103,18 @@ class KvStore(Protocol):
         records exist without a read per credential."""
         ...
 
+    async def list_metadata(
+        self, folder: str, *, after: str = "", limit: int, consistent: bool = False
+    ) -> list[tuple[str, KvMetadata | None]] | None:
+        """The names directly under `folder` with each one's metadata (None for a sub-folder),
+        in name order: at most `limit`, starting after the name `after`. One call for a page of
+        a whole folder: the watcher's sweep reads many published paths without a read each.
+
+        OpenBao's `detailed-metadata` LIST. None when the answer is 404: nothing is there, or
+        the server has no such endpoint (HashiCorp Vault); callers then read path by path.
+        `consistent` as for `read`."""
+        ...
+
     async def read_fields(
         self, mount: str, path: str, fields: Sequence[str], *, consistent: bool = False
     ) -> dict[str, Secret]:

@@ -66,11 +66,14 @@ def prepare_deployment(
     provider: Mapping[str, Any] | None = None,
     credential: Mapping[str, Any] | None = None,
     use_bootstrap_client: bool = False,
+    publish_folder: str | None = None,
 ) -> Deployment:
     """Register one OAuth app per name, store its inputs in Vault, write keyturn.toml.
 
     `namespace` prefixes every Vault path so several deployments share one OpenBao.
-    `keyturn`, `provider` and `credential` add or override keys of those sections.
+    `keyturn`, `provider` and `credential` add or override keys of those sections. Each
+    credential publishes to `apps/<name>/sandbox`, or with `publish_folder` to
+    `<publish_folder>/<name>` (one folder for all, which the watcher lists).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     root = hvac.Client(url=vault.address, token=vault.root_token)
@@ -111,7 +114,9 @@ def prepare_deployment(
             path=input_path,
             secret={"client_id": client["client_id"], "client_secret": client["client_secret"]},
         )
-        publish_to = f"{base}apps/{name}/sandbox"
+        publish_to = (
+            f"{base}{publish_folder}/{name}" if publish_folder else f"{base}apps/{name}/sandbox"
+        )
         deployment.clients[name] = {
             "client_id": client["client_id"],
             "client_secret": client["client_secret"],
