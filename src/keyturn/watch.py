@@ -130,19 +130,20 @@ class PublishedWatcher:
     async def sweep(self) -> float:
         """Check every target, `concurrency` Vault calls at a time: Vault answers in parallel,
         and one at a time a sweep of 10,000 paths is 10,000 round trips end to end. First the
-        folders are listed, then each target is judged from its listed metadata or, when the
-        listing did not show it, from a read of its path."""
+        folders are listed, each page judged as it comes (so one page of metadata is held at a
+        time); then the targets no listing showed are read path by path."""
         targets = list(self._targets())
-        listed: dict[str, KvMetadata] = {}
         folders = listed_folders(target.publish_to for target in targets)
+        by_path = {target.publish_to: target for target in targets}
+        grouped = {path for paths in folders.values() for path in paths}
+        unlisted = [target for target in targets if target.publish_to not in grouped]
         await self._pooled(
-            functools.partial(self._list_folder, folder, paths, listed)
+            functools.partial(
+                self._sweep_folder, folder, [by_path[path] for path in paths], unlisted
+            )
             for folder, paths in folders.items()
         )
-        await self._pooled(
-            functools.partial(self._check_logged, target, listed.get(target.publish_to))
-            for target in targets
-        )
+        await self._pooled(functools.partial(self._check_logged, target) for target in unlisted)
         return self._interval
 
     async def _pooled(self, units: Iterable[Callable[[], Awaitable[None]]]) -> None:
@@ -156,16 +157,14 @@ class PublishedWatcher:
             for _ in range(self._concurrency):
                 group.create_task(worker())
 
-    async def _list_folder(
-        self, folder: str, paths: list[str], into: dict[str, KvMetadata]
+    async def _sweep_folder(
+        self, folder: str, targets: list[WatchTarget], unlisted: list[WatchTarget]
     ) -> None:
-        """Put the metadata of `paths` (all in `folder`) into `into`, from as few LIST pages as
-        cover them. Nothing when the folder cannot be listed: its paths are read one by one."""
-        if folder in self._unlistable:
-            return
-        names = {leaf(path) for path in paths}
-        after, last = "", max(names)
-        while True:
+        """Judge `targets` (all in `folder`) page by page from as few LIST pages as cover them;
+        those the listing does not show go to `unlisted`, to be read one by one."""
+        waiting = {leaf(target.publish_to): target for target in targets}
+        after, last = "", max(waiting)
+        while folder not in self._unlistable:
             try:
                 page = await self._store.list_metadata(
                     folder, after=after, limit=self._list_page, consistent=True
@@ -173,18 +172,19 @@ class PublishedWatcher:
             except VaultPermissionDenied as error:
                 self._unlistable.add(folder)
                 self._log.warning("watch.list_refused", folder=folder, error=str(error))
-                return
+                break
             except KeyturnError as error:
                 self._log.warning("watch.list_failed", folder=folder, error=str(error))
-                return
-            if not page:
-                return
-            for name, metadata in page:
-                if name in names and metadata is not None:
-                    into[f"{folder}/{name}"] = metadata
+                break
+            for name, metadata in page or ():
+                target = waiting.get(name)
+                if target is not None and metadata is not None:
+                    del waiting[name]
+                    await self._check_logged(target, metadata)
+            if not page or len(page) < self._list_page or page[-1][0] >= last:
+                break
             after = page[-1][0]
-            if len(page) < self._list_page or after >= last:
-                return
+        unlisted.extend(waiting.values())
 
     async def _check_logged(self, target: WatchTarget, listed: KvMetadata | None = None) -> None:
         try:
