@@ -231,8 +231,7 @@ class ShareKeeper:
             summary = self.scheduler.reassign()
             for name in summary["added"]:
                 self.runtime.jobs[name].forget_copy()  # others ran it meanwhile
-            for name in summary["removed"]:
-                self.metrics.forget(name)  # its new owner reports it
+            self.metrics.forget(*summary["removed"])  # their new owners report them
             log.info(
                 "share.changed",
                 instances=list(self.members.live),
@@ -302,8 +301,7 @@ class Daemon:
         if self.usage is not None:
             self.usage.use_config(new)
         self.metrics.credentials_configured(len(jobs.jobs))
-        for name in summary["removed"]:
-            self.metrics.forget(name)
+        self.metrics.forget(*summary["removed"])
         await scheduler.drain(old.keyturn.shutdown_timeout)  # runs still using the old clients
         await previous.aclose()
         return True
@@ -380,7 +378,7 @@ async def open_daemon(
                     ),
                     ready=readiness_check(vault=store.health, jobs=scheduler, clock=clock),
                     usage=usage_view(usage) if usage is not None else None,
-                    exposition=metrics.exposition,
+                    exposition=metrics.exposition_parts,
                 )
                 daemon = Daemon(runtime, scheduler, metrics, sinks, server, notifier, usage)
                 await dispatcher.start()

@@ -39,7 +39,7 @@ import json
 import math
 import random
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -107,42 +107,41 @@ class PlanStore:
     ) -> dict[str, RestoredPlan]:
         """The saved plan for the credentials of `config` whose settings did not change; {}
         when there is none or it cannot be read (every credential then runs at once)."""
+        credentials = {credential.name: credential for credential in config.credentials}
+        restored: dict[str, RestoredPlan] = {}
+        touched: dict[str, float] | None = None
         try:
-            entries = await self._read()
-            touched = await read_touched(self._store, self._prefix) if entries else {}
+            # Shard by shard, so one shard's decoded entries are held at a time.
+            async for entries in self._shards():
+                if touched is None:
+                    touched = await read_touched(self._store, self._prefix)
+                for name, entry in entries.items():
+                    credential = credentials.get(name)
+                    _fingerprint, due, finished_at, _data = entry
+                    if touched.get(name, -math.inf) >= finished_at - TOUCH_SLACK:
+                        continue  # a command worked on it since: its record says more
+                    state = None if credential is None else _saved(config, credential, entry)
+                    if state is not None:
+                        verify_by = now + rng.uniform(0.0, VERIFY_WINDOW)
+                        restored[name] = RestoredPlan(min(due, verify_by), state, finished_at)
         except (KeyturnError, ValueError) as error:
             log.warning("plan.unreadable", error=str(error))
             return {}
-        restored: dict[str, RestoredPlan] = {}
-        for credential in config.credentials:
-            entry = entries.get(credential.name)
-            if entry is None:
-                continue
-            fingerprint, due, finished_at, data = entry
-            if fingerprint != settings_fingerprint(config, credential):
-                continue
-            if touched.get(credential.name, -math.inf) >= finished_at - TOUCH_SLACK:
-                continue  # a command worked on it since: its record says more than the plan
-            try:
-                state = CredentialState.from_data(data, credential.name)
-            except KeyturnError:
-                continue  # an entry this version cannot parse: the record is read instead
-            verify_by = now + rng.uniform(0.0, VERIFY_WINDOW)
-            restored[credential.name] = RestoredPlan(min(due, verify_by), state, finished_at)
         return restored
 
-    async def _read(self) -> dict[str, Entry]:
+    async def _shards(self) -> AsyncIterator[dict[str, Entry]]:
+        """Each shard's entries, shard 0 first; nothing when there is no plan. A shard of
+        another generation (a save cut short) raises ValueError: trust none of it."""
         first = await self._store.read(self._shard(0), consistent=True)
         if first is None:
-            return {}
+            return
         generation, shards = first.data.get("generation"), int(first.data.get("shards", "0"))
-        entries = _entries(first.data)
+        yield _entries(first.data)
         for number in range(1, shards):
             shard = await self._store.read(self._shard(number), consistent=True)
             if shard is None or shard.data.get("generation") != generation:
-                return {}  # a save cut short: trust none of it
-            entries.update(_entries(shard.data))
-        return entries
+                raise ValueError(f"shard {number} of the saved plan is from another save")
+            yield _entries(shard.data)
 
     async def save(self, config: Config, jobs: Iterable[JobView], *, runs: int) -> bool:
         """Write the plan if `runs` (the scheduler's count of finished runs) moved since the
@@ -150,27 +149,29 @@ class PlanStore:
         if runs == self._saved_runs:
             return False
         fingerprints = {c.name: settings_fingerprint(config, c) for c in config.credentials}
-        rows = [
-            (
-                job.name,
-                [
-                    fingerprints[job.name],
-                    job.next_due,
-                    job.finished_at,
-                    without_secrets(job.state).to_data(),
-                ],
-            )
+        saved = [
+            job
             for job in jobs
             if job.name in fingerprints
             and job.state is not None
             and job.next_due is not None
             and job.finished_at is not None
         ]
-        shards = [rows[i : i + SHARD_SIZE] for i in range(0, len(rows), SHARD_SIZE)] or [[]]
+        count = max(1, math.ceil(len(saved) / SHARD_SIZE))
         generation = uuid.uuid4().hex[:16]
-        header = {"generation": generation, "shards": str(len(shards))}
-        for number in [*range(1, len(shards)), 0]:
-            entries = json.dumps(dict(shards[number]), separators=(",", ":"))
+        header = {"generation": generation, "shards": str(count)}
+        for number in [*range(1, count), 0]:
+            # One shard's rows at a time: at 10,000 credentials all of them cost 9 MiB.
+            rows = {
+                job.name: [
+                    fingerprints[job.name],
+                    job.next_due,
+                    job.finished_at,
+                    without_secrets(job.state).to_data(),  # type: ignore[arg-type]
+                ]
+                for job in saved[number * SHARD_SIZE : (number + 1) * SHARD_SIZE]
+            }
+            entries = json.dumps(rows, separators=(",", ":"))
             await self._store.write(self._shard(number), {**header, "entries": entries}, cas=None)
         # Shards past the count (a plan that shrank) stay, unread: keyturn's policy has no
         # delete, and shard 0's count and generation say which ones belong.
@@ -180,6 +181,17 @@ class PlanStore:
 
 # One credential in a saved plan: settings fingerprint, due, finished_at, record without secrets.
 Entry = tuple[str, float, float, dict[str, str]]
+
+
+def _saved(config: Config, credential: CredentialConfig, entry: Entry) -> CredentialState | None:
+    """The saved record of `credential`, if its settings did not change and it parses."""
+    fingerprint, _due, _finished_at, data = entry
+    if fingerprint != settings_fingerprint(config, credential):
+        return None
+    try:
+        return CredentialState.from_data(data, credential.name)
+    except KeyturnError:
+        return None  # an entry this version cannot parse: the record is read instead
 
 
 def _entries(data: Mapping[str, str]) -> dict[str, Entry]:

@@ -248,15 +248,16 @@ def test_build_info_and_credentials_configured(m: Metrics) -> None:
 
 def test_forget_removes_every_series_of_a_credential_and_only_those(m: Metrics) -> None:
     now = m.clock.time()
-    for name in ("reporting", "billing"):
+    for name in ("reporting", "billing", "audit"):
         m.observer(Published(name, "acme", "oauth_client", now, now + 600))
         m.observer(TokenRequest(name, "acme", "client_credentials", "success", 0.1))
         m.observer(Probed(name, "acme", 200))
         m.observer(RotationStep(name, "acme", "oauth_client", "started"))
         m.observer(Suspicious(name, "acme", "grant_drift", "warning", "scope changed"))
-    m.observer.forget("reporting")
+    m.observer.forget("reporting", "audit")
     text = m.text()
     assert 'credential="reporting"' not in text
+    assert 'credential="audit"' not in text
     # expiry, issued, last success, ready, failures + requests, probes, rotations, suspicious
     assert text.count('credential="billing"') == 9
     assert m.observer.credential("reporting") is None

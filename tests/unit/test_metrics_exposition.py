@@ -26,7 +26,7 @@ from keyturn.events import (
     TokenRequest,
 )
 from keyturn.observability.metrics import PrometheusObserver
-from keyturn.observability.server import MetricsServer
+from keyturn.observability.server import CHUNK, MetricsServer
 
 NOW = 1_800_000_000.0
 
@@ -100,7 +100,7 @@ async def test_the_server_serves_the_observer_s_exposition_in_either_format() ->
         registry,
         alive=lambda: (True, "ok"),
         ready=ready,
-        exposition=observer.exposition,
+        exposition=observer.exposition_parts,
     )
     await server.start()
     try:
@@ -116,6 +116,31 @@ async def test_the_server_serves_the_observer_s_exposition_in_either_format() ->
     assert samples(parse_text(text.text)) == library
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
     assert samples(parse_openmetrics(openmetrics.text)) == library
+
+
+async def test_a_body_of_many_chunks_is_sent_whole_and_in_order() -> None:
+    registry, observer = observed()
+    for i in range(2_000):  # about 1.6 MB of lines: several chunks
+        name = f"c{i:04}"
+        observer(TokenRequest(name, "acme", "client_credentials", "success", 0.02))
+        observer(Published(name, "acme", "oauth_client", NOW - 100, NOW + 3500))
+    server = MetricsServer(
+        MetricsSettings(host="127.0.0.1", port=0),
+        registry,
+        alive=lambda: (True, "ok"),
+        ready=ready,
+        exposition=observer.exposition_parts,
+    )
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=5.0) as client:
+            answer = await client.get("/metrics")
+    finally:
+        await server.stop()
+    whole = observer.exposition()
+    assert len(whole) > 4 * CHUNK
+    assert int(answer.headers["content-length"]) == len(whole)
+    assert answer.content == whole
 
 
 async def ready() -> tuple[bool, list[str]]:

@@ -6,6 +6,7 @@ against a real 3-node OpenBao: tests/integration/test_replicated_vault.py.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import Callable
@@ -23,7 +24,14 @@ from keyturn.errors import VaultCasConflict, VaultUnavailable
 from keyturn.secret import Secret
 from keyturn.testing.vault import FakeVaultStore
 from keyturn.vault.auth import VaultAuth
-from keyturn.vault.client import StorageIndex, VaultClient, VaultConnection, not_sent
+from keyturn.vault.client import (
+    ELECTION_PAUSE,
+    ELECTION_RETRIES,
+    StorageIndex,
+    VaultClient,
+    VaultConnection,
+    not_sent,
+)
 from keyturn.vault.hvac_store import VaultStore
 
 
@@ -241,6 +249,60 @@ async def test_a_write_whose_fate_is_unknown_is_not_sent_again() -> None:
         if path == "/v1/sys/leader":
             return 200, LEADER, {}
         return requests.ConnectionError("Connection aborted.")  # it may have been carried out
+
+    cluster = FakeCluster(handler)
+    made = client(cluster, STANDBY, OTHER)
+    try:
+        with pytest.raises(VaultUnavailable):
+            await write(made)
+    finally:
+        await made.close()
+    assert len(cluster.data_calls()) == 1
+
+
+NO_LEADER = (500, {"errors": ["local node not active but active cluster node not found"]}, {})
+
+
+async def write_while_the_clock_runs(made: VaultClient, clock: FakeClock) -> Any:
+    """The write, with the fake clock moved on while it waits (the calls run in threads)."""
+    task = asyncio.create_task(write(made))
+    while not task.done():
+        await asyncio.sleep(0.005)
+        clock.advance(ELECTION_PAUSE)
+    return await task
+
+
+@pytest.mark.parametrize("elections", [2, ELECTION_RETRIES + 1])
+async def test_a_write_during_an_election_waits_for_the_new_leader(elections: int) -> None:
+    answers = [NO_LEADER] * elections + [(200, {"data": {"version": 2}}, {})]
+
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return answers.pop(0)
+
+    cluster = FakeCluster(handler)
+    clock = FakeClock()
+    made = VaultClient(
+        VaultConnection(address=STANDBY, nodes=(OTHER,)), clock=clock, adapter=cluster
+    )
+    made.set_token(Secret("t"))
+    try:
+        if elections <= ELECTION_RETRIES:
+            assert await write_while_the_clock_runs(made, clock) == {"data": {"version": 2}}
+        else:  # an election that does not end: the failure the caller sees, after the waits
+            with pytest.raises(VaultUnavailable, match="HTTP 500"):
+                await write_while_the_clock_runs(made, clock)
+    finally:
+        await made.close()
+    assert len(cluster.data_calls()) == min(elections + 1, ELECTION_RETRIES + 1)
+
+
+async def test_any_other_500_to_a_write_is_not_sent_again() -> None:
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        return 500, {"errors": ["internal error"]}, {}  # it may have been carried out
 
     cluster = FakeCluster(handler)
     made = client(cluster, STANDBY, OTHER)

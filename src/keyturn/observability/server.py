@@ -34,9 +34,13 @@ NO_STORE = {"Cache-Control": "no-store"}
 # The usage view (`keyturn.usage.service.UsageService.view`): (credentials or None for all,
 # summary) -> a JSON object.
 UsageView = Callable[[Sequence[str] | None, bool], dict[str, Any]]
-# The registry rendered whole, in the text format or (True) OpenMetrics: the daemon's
-# `PrometheusObserver.exposition`, which writes the per-credential gauges itself.
-Exposition = Callable[[bool], bytes]
+# The registry rendered, in the text format or (True) OpenMetrics, as parts to send in order:
+# the daemon's `PrometheusObserver.exposition_parts`, which writes the per-credential gauges
+# itself.
+Exposition = Callable[[bool], list[bytes]]
+# How much of the body is joined and written at a time: one copy of the body in flight, not
+# the whole 8 MB of a daemon with 10,000 credentials.
+CHUNK = 256 * 1024
 
 
 class MetricsServer:
@@ -115,15 +119,29 @@ class MetricsServer:
             await runner.cleanup()
             log.info("metrics.stopped")
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         loop = asyncio.get_running_loop()
-        if self._exposition is not None:
-            openmetrics = content_type.startswith("application/openmetrics-text")
-            body = await loop.run_in_executor(None, self._exposition, openmetrics)
-        else:
+        headers = {"Content-Type": content_type, **NO_STORE}
+        if self._exposition is None:
             body = await loop.run_in_executor(None, encoder, self._registry)
-        return web.Response(body=body, headers={"Content-Type": content_type, **NO_STORE})
+            return web.Response(body=body, headers=headers)
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        parts = await loop.run_in_executor(None, self._exposition, openmetrics)
+        response = web.StreamResponse(headers=headers)
+        response.content_length = sum(len(part) for part in parts)
+        await response.prepare(request)
+        chunk: list[bytes] = []
+        size = 0
+        for part in parts:
+            chunk.append(part)
+            size += len(part)
+            if size >= CHUNK:
+                await response.write(b"".join(chunk))
+                chunk, size = [], 0
+        await response.write(b"".join(chunk))
+        await response.write_eof()
+        return response
 
     async def _healthz(self, request: web.Request) -> web.Response:
         try:

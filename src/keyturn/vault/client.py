@@ -23,7 +23,8 @@ node that has not yet applied keyturn's own last write forwards the call to the 
 instead of answering from stale data (OpenBao 2.7+, Vault Enterprise; ignored elsewhere). A
 single server (`ha_enabled: false`) is its own active node: nothing changes for it. Other
 calls go to the configured address, or the next of `VaultConnection.nodes` when it cannot be
-reached.
+reached. A call a standby refused because it knows no active node (an election under way) is
+sent again once a new one is found (`ELECTION_PAUSE`, `ELECTION_RETRIES`).
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ INDEX_HEADER = "X-Vault-Index"
 INCONSISTENT_HEADER = "X-Vault-Inconsistent"
 # Seconds for which the active node found with sys/leader is trusted before it is asked again.
 ACTIVE_RECHECK = 10.0
+# During a leader election a standby answers 500 "local node not active but active cluster
+# node not found" (it forwarded nothing, so even a write may be sent again): the call waits
+# ELECTION_PAUSE and asks again, up to ELECTION_RETRIES times (an election takes 1-3 s).
+ELECTION_PAUSE = 0.5
+ELECTION_RETRIES = 12
 
 _STATUS: dict[type[Exception], int] = {
     hvac_errors.InvalidRequest: 400,
@@ -285,6 +291,13 @@ def not_sent(exc: BaseException | None) -> bool:
             + [arg for arg in current.args if isinstance(arg, BaseException)]
         )
     return False
+
+
+def _no_active_node(exc: BaseException | None) -> bool:
+    """A standby's 500 during an election: it knows no active node and forwarded nothing."""
+    return isinstance(exc, hvac_errors.InternalServerError) and (
+        "active cluster node not found" in str(exc)
+    )
 
 
 def _sealed(exc: BaseException | None) -> bool:
@@ -478,7 +491,8 @@ class VaultClient:
         send_index = consistent
         tried: set[str] = set()
         last: VaultError | None = None
-        for _attempt in range(len(self._addresses) + 2):
+        elections = 0
+        for _attempt in range(len(self._addresses) + 2 + ELECTION_RETRIES):
             base = await self._active_node() if consistent else self.home
             if base in tried:
                 break
@@ -503,6 +517,15 @@ class VaultClient:
                     self.index.forget()
                     send_index = False
                     tried.discard(base)
+                    continue
+                if _no_active_node(cause) and elections < ELECTION_RETRIES:
+                    # Nothing was carried out: wait for the election, then ask who won.
+                    elections += 1
+                    log.info("vault.no_active_node", node=base, attempt=elections)
+                    self.forget_active()
+                    tried.discard(base)
+                    last = exc
+                    await self._clock.sleep(ELECTION_PAUSE)
                     continue
                 if not (not_sent(cause) or (not write and _sealed(cause))):
                     raise
