@@ -3,7 +3,9 @@ credentials): what Prometheus parses must be exactly what the library would have
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
@@ -93,8 +95,11 @@ def test_a_forgotten_credential_leaves_no_series() -> None:
     assert 'credential="alpha"' in observer.exposition().decode()
 
 
-async def test_the_server_serves_the_observer_s_exposition_in_either_format() -> None:
-    registry, observer = observed()
+@contextlib.asynccontextmanager
+async def serving(
+    registry: CollectorRegistry, observer: PrometheusObserver
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a MetricsServer that serves the observer's exposition."""
     server = MetricsServer(
         MetricsSettings(host="127.0.0.1", port=0),
         registry,
@@ -105,12 +110,18 @@ async def test_the_server_serves_the_observer_s_exposition_in_either_format() ->
     await server.start()
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=5.0) as client:
-            text = await client.get("/metrics")
-            openmetrics = await client.get(
-                "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
-            )
+            yield client
     finally:
         await server.stop()
+
+
+async def test_the_server_serves_the_observer_s_exposition_in_either_format() -> None:
+    registry, observer = observed()
+    async with serving(registry, observer) as client:
+        text = await client.get("/metrics")
+        openmetrics = await client.get(
+            "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
     library = samples(parse_text(generate_latest(registry).decode()))
     assert text.headers["content-type"].startswith("text/plain")
     assert samples(parse_text(text.text)) == library
@@ -124,19 +135,8 @@ async def test_a_body_of_many_chunks_is_sent_whole_and_in_order() -> None:
         name = f"c{i:04}"
         observer(TokenRequest(name, "acme", "client_credentials", "success", 0.02))
         observer(Published(name, "acme", "oauth_client", NOW - 100, NOW + 3500))
-    server = MetricsServer(
-        MetricsSettings(host="127.0.0.1", port=0),
-        registry,
-        alive=lambda: (True, "ok"),
-        ready=ready,
-        exposition=observer.exposition_parts,
-    )
-    await server.start()
-    try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=5.0) as client:
-            answer = await client.get("/metrics")
-    finally:
-        await server.stop()
+    async with serving(registry, observer) as client:
+        answer = await client.get("/metrics")
     whole = observer.exposition()
     assert len(whole) > 4 * CHUNK
     assert int(answer.headers["content-length"]) == len(whole)
