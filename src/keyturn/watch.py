@@ -1,9 +1,9 @@
 """Detector 1: a published secret changed by someone other than keyturn.
 
 A periodic sweep gets the KV metadata of every published path and compares it with what
-keyturn last wrote (re-reading the journal before
-reporting, as another instance may have written since): a newer version (a write by someone
-else), deleted or destroyed versions, or custom metadata that no longer says keyturn wrote it.
+keyturn last wrote (re-reading the journal before reporting, as another instance may have
+written since): a newer version (a write by someone else), deleted or destroyed versions, or
+custom metadata that no longer says keyturn wrote it.
 Each finding is reported once per version seen. The response is configurable: `republish` puts
 keyturn's value back (apps get a working credential again), `alert` leaves the path alone for a
 person to look at. (Conflicts keyturn meets while writing are reported by the writers

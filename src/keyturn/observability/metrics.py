@@ -316,7 +316,6 @@ class PrometheusObserver:
         self._vault_token: tuple[float | None, bool] = (None, False)
         self._heartbeat: float | None = None
         self._heartbeat_monotonic: float | None = None
-        # Every (counter name, label values) series of each credential, for `forget`.
 
         def counter(spec: MetricSpec) -> Counter:
             return Counter(spec.name, spec.help, spec.labels, registry=registry)
