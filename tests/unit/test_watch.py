@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from keyturn.clock import FakeClock
+from keyturn.errors import VaultUnavailable
 from keyturn.events import Event, Suspicious
 from keyturn.jobs.job import Outcome
 from keyturn.scheduler import JobView
@@ -303,3 +304,17 @@ def test_only_folders_holding_two_published_paths_or_more_are_listed() -> None:
     assert listed_folders(["apps/a/x", "apps/a/y", "apps/b/z", "top"]) == {
         "apps/a": ["apps/a/x", "apps/a/y"]
     }
+
+
+async def test_a_listing_vault_fails_is_made_up_by_reading_each_path(store: FakeVaultStore) -> None:
+    targets, known = await billing_folder(store, 3)
+    store.external_write("apps/billing/c01", {"access_token": "planted"})
+    watcher, seen, _ = make(store, known, targets=targets)
+    store.reads.clear()
+    store.fail_next(VaultUnavailable("vault list metadata: HTTP 503, vault unavailable"))
+    await watcher.sweep()
+    assert [kind for kind, _ in calls(store)] == ["read_metadata"] * 3  # the failed LIST: none
+    assert [e.credential for e in seen] == ["c01"]
+    store.reads.clear()
+    await watcher.sweep()  # a failure, unlike a refusal, does not stop the next sweep listing
+    assert [kind for kind, _ in calls(store)] == ["list_metadata"]
