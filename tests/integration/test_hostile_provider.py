@@ -23,7 +23,7 @@ from keyturn.clock import SystemClock
 from keyturn.config import ProviderConfig
 from keyturn.errors import MalformedResponse, ProviderUnavailable
 from keyturn.providers.client import ProviderClient
-from keyturn.providers.http import pooled_client, send_bounded
+from keyturn.providers.http import ProviderHttp, send_bounded
 from keyturn.secret import Secret
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -165,7 +165,7 @@ async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lo
     """One connection, held by a request the server never answers: a second request waits
     for the pool, its deadline expires before it is sent, so it cannot have been processed."""
     server.handler = server.never_answer
-    http = pooled_client(base_url=server.url, timeout=30.0, max_connections=1)
+    http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=1)
 
     def oversized(description: str) -> MalformedResponse:
         return MalformedResponse(description, field="body", credential="reporting")
@@ -193,6 +193,47 @@ async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lo
         with contextlib.suppress(asyncio.CancelledError):
             await holder
     finally:
+        await http.aclose()
+
+
+async def test_max_connections_over_several_lanes_is_the_cap_on_requests_in_flight(
+    server: HostileServer,
+) -> None:
+    """`max_connections = 11` is two lanes (6 + 5): eleven requests the server never answers
+    are all sent at once, on eleven connections, and a twelfth waits for a connection until
+    its deadline, unsent."""
+    server.handler = server.never_answer
+    http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=11)
+
+    def oversized(description: str) -> MalformedResponse:
+        return MalformedResponse(description, field="body", credential="reporting")
+
+    async def send(deadline: float) -> object:
+        return await send_bounded(
+            http,
+            http.build_request("POST", "/oauth/token", content=b"{}"),
+            limit=65536,
+            where="/oauth/token",
+            credential="reporting",
+            oversized=oversized,
+            deadline=deadline,
+        )
+
+    holders = [asyncio.create_task(send(30.0)) for _ in range(11)]
+    try:
+        for _ in range(200):
+            if server.requests == 11:
+                break
+            await asyncio.sleep(0.05)
+        assert server.requests == 11
+        with pytest.raises(ProviderUnavailable) as caught:
+            await send(0.5)
+        assert caught.value.answer_lost is False
+        assert server.requests == 11
+    finally:
+        for holder in holders:
+            holder.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
         await http.aclose()
 
 

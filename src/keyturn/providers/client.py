@@ -20,7 +20,7 @@ from keyturn.clock import Clock
 from keyturn.config import ProviderConfig
 from keyturn.errors import MalformedResponse
 from keyturn.providers.http import (
-    pooled_client,
+    ProviderHttp,
     raise_if_transient,
     send_bounded,
 )
@@ -57,7 +57,7 @@ class ProviderClient:
         self.provider = provider
         self._clock = clock
         self._bucket = TokenBucket(provider.rate_limit, clock) if provider.rate_limit else None
-        self._http = pooled_client(
+        self._http = ProviderHttp(
             base_url=provider.base_url,
             timeout=provider.timeout,
             max_connections=provider.max_connections,

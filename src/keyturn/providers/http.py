@@ -1,8 +1,9 @@
 """HTTP to a provider, shared by the token client and the http rotator.
 
-One pooled `httpx.AsyncClient` per provider; every response read under a total deadline and a
-size bound on the *decoded* body; the transient failures (network, time-out, 429, 5xx)
-translated here into keyturn's errors, so the callers only decide what the other statuses mean.
+One set of small `httpx.AsyncClient` pools per provider (`ProviderHttp`, which says why); every
+response read under a total deadline and a size bound on the *decoded* body; the transient
+failures (network, time-out, 429, 5xx) translated here into keyturn's errors, so the callers
+only decide what the other statuses mean.
 
 Bodies are read raw and decoded here, a bounded piece at a time (`gzip` and `deflate` only, the
 two codings keyturn asks for): httpx would decode a whole network chunk at once, and 50 KB of
@@ -12,11 +13,12 @@ gzip can expand to 50 MB. Never more than `limit + 1` decoded bytes exist at any
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import math
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +49,54 @@ _ANSWER_LOST = (
 _CODING_NAME = re.compile(r"[A-Za-z0-9._+-]{1,32}")
 
 
-def pooled_client(
-    *,
-    base_url: str,
-    timeout: float,
-    max_connections: int,
-    transport: httpx.AsyncBaseTransport | None = None,
+# Connections per pool. httpcore walks every connection of a pool, and every queued request
+# against every connection, on each request and each release (encode/httpcore#1035, open in
+# 1.0.9): one pool of 100 connections with 64 requests in flight costs ~4 ms of CPU per
+# request on loopback, pools of 8 ~1 ms (docs/performance.md).
+LANE_CONNECTIONS = 8
+
+
+class ProviderHttp:
+    """`max_connections` to one provider, as lanes of at most `LANE_CONNECTIONS` pooled
+    connections each (one `httpx.AsyncClient` per lane, same settings); each exchange takes the
+    lane with the fewest exchanges in flight, so a quiet provider keeps reusing the first
+    lane's connections and a busy one spreads over all. With a `transport` (tests) there is one
+    lane on it."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        timeout: float,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        count = 1 if transport is not None else -(-max_connections // LANE_CONNECTIONS)
+        sizes = [max_connections // count + (i < max_connections % count) for i in range(count)]
+        self._lanes = [_pooled_client(base_url, timeout, size, transport) for size in sizes]
+        self._in_flight = [0] * count
+        self.timeout = self._lanes[0].timeout
+
+    def build_request(self, method: str, url: str, **kwargs: Any) -> httpx.Request:
+        return self._lanes[0].build_request(method, url, **kwargs)
+
+    @contextlib.contextmanager
+    def lane(self) -> Iterator[httpx.AsyncClient]:
+        """The least busy lane, counted busy until the block ends (the body read included)."""
+        index = min(range(len(self._lanes)), key=self._in_flight.__getitem__)
+        self._in_flight[index] += 1
+        try:
+            yield self._lanes[index]
+        finally:
+            self._in_flight[index] -= 1
+
+    async def aclose(self) -> None:
+        for lane in self._lanes:
+            await lane.aclose()
+
+
+def _pooled_client(
+    base_url: str, timeout: float, max_connections: int, transport: httpx.AsyncBaseTransport | None
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=base_url,
@@ -125,7 +169,7 @@ class _Progress:
 
 
 async def send_bounded(
-    http: httpx.AsyncClient,
+    http: ProviderHttp,
     request: httpx.Request,
     *,
     limit: int,
@@ -152,12 +196,13 @@ async def send_bounded(
     progress.follow(request)
     try:
         async with asyncio.timeout(total):
-            response = await http.send(request, stream=True)
-            progress.answered = True
-            try:
-                body = await _read_body(response, limit, oversized)
-            finally:
-                await response.aclose()
+            with http.lane() as lane:
+                response = await lane.send(request, stream=True)
+                progress.answered = True
+                try:
+                    body = await _read_body(response, limit, oversized)
+                finally:
+                    await response.aclose()
     except TimeoutError as exc:
         # asyncio.timeout: the total deadline expired.
         raise ProviderUnavailable(

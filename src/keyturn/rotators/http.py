@@ -31,7 +31,7 @@ from keyturn.config.templates import (
     resolve_pointer,
 )
 from keyturn.errors import RotationError
-from keyturn.providers.http import pooled_client, raise_if_transient, send_bounded
+from keyturn.providers.http import ProviderHttp, raise_if_transient, send_bounded
 from keyturn.rotators.base import NewKey, RotationRequest, json_kind
 from keyturn.secret import Secret
 
@@ -60,7 +60,7 @@ class HttpRotator:
         self._clock = clock or SystemClock()
         self._limit = provider.max_response_bytes
         self._timeout = provider.timeout
-        self._http = pooled_client(
+        self._http = ProviderHttp(
             base_url=provider.base_url,
             timeout=provider.timeout,
             max_connections=provider.max_connections,
