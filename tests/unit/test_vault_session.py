@@ -1,17 +1,25 @@
-"""The Vault session reads the environment once, at start, and keeps honouring it."""
+"""The Vault session reads the environment once, at start, and keeps honouring it; its direct
+path sends what `requests.Session` would."""
 
 from __future__ import annotations
 
+import json as jsonlib
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
+from requests.adapters import BaseAdapter
 
+from keyturn.secret import Secret
 from keyturn.vault.client import (
     VaultClient,
     VaultConnection,
+    api_url,
     environment_proxies,
     session_verify,
 )
+from keyturn.vault.session import DirectSession
 
 
 def test_a_configured_ca_cert_wins_over_the_environment() -> None:
@@ -60,3 +68,97 @@ async def test_the_session_no_longer_looks_at_the_environment_on_each_call(
         assert not b._kwargs["proxies"]
     finally:
         await client.close()
+
+
+class Recorder(BaseAdapter):
+    """A `requests` transport that keeps what it was asked to send and answers from `answers`
+    in turn (status, headers, body)."""
+
+    def __init__(self, *answers: tuple[int, dict[str, str], bytes]) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.sent: list[tuple[requests.PreparedRequest, dict[str, Any]]] = []
+
+    def send(self, request: requests.PreparedRequest, *args: object, **kwargs: Any) -> Any:
+        self.sent.append((request, kwargs))
+        status, headers, body = self.answers.pop(0)
+        response = requests.Response()
+        response.status_code = status
+        response.headers.update(headers)
+        response._content = body
+        response.url = request.url or ""
+        response.request = request
+        response.encoding = "utf-8"
+        return response
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_vault_call_reaches_the_transport_with_the_token_body_and_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The direct path (no session merging) still sends the token and the JSON body, the
+    session's default headers, the configured CA bundle, the node's proxy and the timeout."""
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    recorder = Recorder((200, {"Content-Type": "application/json"}, b'{"data": {"version": 4}}'))
+    client = VaultClient(
+        VaultConnection("https://vault-a.internal:8200", ca_cert=Path("/etc/keyturn/ca.pem")),
+        adapter=recorder,
+    )
+    client.set_token(Secret("s.test-token"))
+    try:
+        body = await client.request(
+            "POST",
+            api_url("secret", "data", "apps/x"),
+            kind="write",
+            operation="write",
+            path="secret/apps/x",
+            json={"data": {"access_token": "a b"}, "options": {"cas": 3}},
+        )
+    finally:
+        await client.close()
+    assert body == {"data": {"version": 4}}
+    [(request, settings)] = recorder.sent
+    assert request.method == "POST"
+    assert request.url == "https://vault-a.internal:8200/v1/secret/data/apps/x"
+    assert request.headers["X-Vault-Token"] == "s.test-token"
+    assert request.headers["Content-Type"] == "application/json"
+    assert str(request.headers["User-Agent"]).startswith("python-requests/")
+    assert isinstance(request.body, bytes)
+    assert jsonlib.loads(request.body) == {
+        "data": {"access_token": "a b"},
+        "options": {"cas": 3},
+    }
+    assert settings["verify"] == "/etc/keyturn/ca.pem"
+    assert settings["proxies"].get("https") == "http://proxy.internal:3128"
+    assert settings["timeout"] == 10.0
+    assert settings["stream"] is False
+
+
+def test_a_redirect_is_followed_as_requests_follows_it() -> None:
+    """A 307 (a standby that redirects instead of forwarding) leaves the direct path: the call
+    is made again through `requests.Session.request`, which follows the Location with method
+    and body kept, and the final answer is what the caller gets."""
+    moved = (307, {"Location": "https://vault-b.internal:8200/v1/secret/data/apps/x"}, b"")
+    recorder = Recorder(
+        moved,
+        moved,
+        (200, {"Content-Type": "application/json"}, b'{"data": {"version": 5}}'),
+    )
+    session = DirectSession()
+    session.trust_env = False
+    session.mount("https://", recorder)
+    response = session.request(
+        "POST", "https://vault-a.internal:8200/v1/secret/data/apps/x", json={"data": {"k": "v"}}
+    )
+    assert response.json() == {"data": {"version": 5}}
+    assert [r.url for r, _ in recorder.sent] == [
+        "https://vault-a.internal:8200/v1/secret/data/apps/x",  # direct
+        "https://vault-a.internal:8200/v1/secret/data/apps/x",  # through requests
+        "https://vault-b.internal:8200/v1/secret/data/apps/x",
+    ]
+    assert all(r.method == "POST" for r, _ in recorder.sent)
+    last = recorder.sent[-1][0].body
+    assert isinstance(last, bytes)
+    assert jsonlib.loads(last) == {"data": {"k": "v"}}

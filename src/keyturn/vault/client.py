@@ -60,6 +60,7 @@ from keyturn.errors import (
 )
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
+from keyturn.vault.session import DirectSession
 from keyturn.vault.store import validate_path
 
 T = TypeVar("T")
@@ -371,7 +372,7 @@ class VaultClient:
         self.connection = connection
         self.on_operation: OnOperation = on_operation or _ignore
         self._clock: Clock = clock or SystemClock()
-        self._session = requests.Session()
+        self._session = DirectSession()
         pool = adapter or HTTPAdapter(
             pool_connections=max(2, len(connection.addresses) + 1),
             pool_maxsize=connection.max_workers,
