@@ -143,8 +143,16 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
 async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
     await world.refresher().run()
     paths = [path for path, _ in world.store.writes]
-    # lease, rotated refresh token, then publish, then the success record (releasing the lease)
-    assert paths == [STATE, STATE, PUBLISHED, STATE]
+    # The rotated refresh token, then publish, then the success record (releasing the lease).
+    # The first write also takes the lease: a first grant sends nothing a second instance
+    # could not send too, so the run takes the lease with the write it must make anyway.
+    assert paths == [STATE, PUBLISHED, STATE]
+    first = CredentialState.from_data(
+        world.store._records[("secret", STATE)].versions[1].data, "reporting"
+    )
+    assert first.lease.owner == "i-1" and first.lease.until is not None
+    assert first.refresh.token == Secret("rt-1-secretvalue")
+    assert first.token.published_version is None
 
 
 async def test_nothing_is_requested_while_the_token_is_fresh(world: World) -> None:
@@ -258,6 +266,54 @@ async def test_a_lease_held_by_another_instance_is_respected(world: World) -> No
     assert world.server.grants == []
     world.clock.advance(31)  # an expired lease (the other instance died) is taken over
     assert (await world.refresher("i-1").run()).action == "refreshed"
+
+
+async def test_a_first_grant_that_loses_the_record_to_another_instance_keeps_nothing(
+    world: World,
+) -> None:
+    """i-2 found no record at start, but i-1 ran the credential first. i-2's first grant goes
+    out without a lease; its first write (check-and-set 0) is refused: it stores nothing,
+    publishes nothing, reports no failure, and reads the record, by which nothing is due."""
+    await world.refresher("i-1").run()
+    published = await world.store.read(PUBLISHED)
+    record = await world.state()
+    late = world.refresher("i-2")
+    late.assume_absent()
+    outcome = await late.run()
+    assert outcome.action == "fresh"
+    assert outcome.error is None
+    assert world.server.grants == ["client_credentials", "client_credentials"]
+    assert await world.store.read(PUBLISHED) == published
+    assert await world.state() == record  # i-1's refresh token is kept, not i-2's
+    assert world.observer.of(Failed) == [] and world.observer.of(Suspicious) == []
+    # Its next run starts from the record it read, not from the answer it dropped.
+    world.clock.advance(outcome.next_due - world.clock.time())
+    assert (await late.run()).action == "refreshed"
+    assert world.server.grants[-1] == "refresh_token"
+    assert world.server.used_refresh == ["rt-1-secretvalue"]
+
+
+async def test_a_refresh_from_a_stale_copy_sends_no_refresh_token_before_its_write_wins(
+    world: World,
+) -> None:
+    """A run planned from this process's copy defers its lease to the refresh token's
+    in-flight mark: when someone else wrote the record since, that write is refused before
+    the refresh token leaves, and the run reads the record and starts again from it."""
+    refresher = world.refresher("i-1")
+    outcome = await refresher.run()
+    entry = await world.store.read(STATE)
+    assert entry is not None
+    world.store.external_write(STATE, dict(entry.data))  # e.g. `keyturn status --json` tooling
+    writes, reads = len(world.store.writes), len(world.store.reads)
+    world.clock.advance(outcome.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "refreshed"
+    assert world.server.used_refresh == ["rt-1-secretvalue"]  # sent once, after the read
+    assert world.store.reads[reads:] == [("read", STATE, True)]
+    # The refused in-flight mark wrote nothing; then the in-flight mark, the rotated refresh
+    # token, the publish and the release.
+    assert [path for path, _ in world.store.writes[writes:]] == [STATE, STATE, PUBLISHED, STATE]
+    assert world.observer.of(Failed) == []
 
 
 async def test_an_external_write_is_reported_and_overwritten(world: World) -> None:

@@ -11,6 +11,12 @@ task saves its progress through the same record, so a crash between any two step
 from the last saved one. Failures are the task's own: it records them in the record and plans a
 retry with backoff; the other tasks of the job still run.
 
+A task may let the lease wait for its own first write (`Task.defers_lease`): the token
+refresh writes the record before anything it sends can be used only once (the refresh token's
+in-flight mark) and before it publishes, so when it starts from a record known to be current
+the check-and-set of that first write does what a lease write of its own would, one Vault
+call sooner. Losing that write to another writer ends the run as if the lease were held.
+
 The lease is short: it covers one step (a provider request bounded by its timeout, and a Vault
 write) and is renewed while the run goes on, and it never outlasts half of what the published
 token has left. So when the instance holding it dies, another one takes over while apps still
@@ -160,7 +166,11 @@ class Journal:
     point: nothing may happen before it is stored); `stage` only keeps it for the write that
     ends the run and releases the lease. With a `lease`, every save also extends the lease, and
     `keep_alive` renews it while a long step runs. Writes are serialised, so a renewal never
-    races a task's own save for the CAS version."""
+    races a task's own save for the CAS version.
+
+    `leased=False`: the run has not written the record yet, so it holds no lease; its first
+    write takes it (`leased` then turns True). If that write loses its check-and-set, `raced`
+    is set: another writer changed the record since it was read, and this run must stop."""
 
     def __init__(
         self,
@@ -171,6 +181,7 @@ class Journal:
         *,
         clock: Clock | None = None,
         lease: Lease | None = None,
+        leased: bool = True,
     ) -> None:
         self._store = store
         self._path = path
@@ -179,6 +190,8 @@ class Journal:
         self._clock = clock
         self._lease = lease
         self._lock = asyncio.Lock()
+        self.leased = leased
+        self.raced = False
 
     async def save(self, state: CredentialState) -> CredentialState:
         async with self._lock:
@@ -208,7 +221,12 @@ class Journal:
 
     async def _write(self, state: CredentialState) -> CredentialState:
         staged = self.state
-        self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+        try:
+            self.version = await self._store.write(self._path, state.to_data(), cas=self.version)
+        except VaultCasConflict:
+            self.raced = not self.leased
+            raise
+        self.leased = True
         if self.state is staged:
             self.state = state
         # else a task staged a newer state while this write (a lease renewal) was under way:
@@ -233,6 +251,8 @@ class Journal:
                 stopper.cancel()
             if stop.is_set():
                 return
+            if not self.leased:
+                continue  # no lease to renew before the run's first write
             try:
                 await self.renew()
             except VaultCasConflict:
@@ -259,6 +279,12 @@ class Task(Protocol):
     ) -> tuple[CredentialState, int]:
         """The state after `error` (failure count, last error, retry time) and the number of
         consecutive failures of this task."""
+
+    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+        """Whether a run of this task may leave the lease to its first journal write: true only
+        if that write comes before anything it sends that can be used once and before anything
+        it publishes, and, unless the record is `current` (just read, or known absent), before
+        anything it sends at all (a stale copy could hold an outdated secret)."""
 
 
 class Inputs(Protocol):
@@ -413,18 +439,31 @@ class CredentialJob:
             return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
         if state.lease.held_by_other(self._instance, now):
             return self._lease_held(state, state.lease.until or now)
-        journal = Journal(
-            self._store, self._path, state, version, clock=self._clock, lease=self._lease
+        current = read or version == 0
+        deferred = prepare is None and all(
+            task.defers_lease(state, current)
+            for task, due in zip(self.tasks, dues, strict=True)
+            if due <= now
         )
-        try:
-            await journal.save(state)  # takes the lease; CAS proves the record was current
-        except VaultCasConflict:
-            if not read:
-                return None
-            return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
-        except KeyturnError as error:
-            self._job_failures += 1
-            return self._failure_outcome(state, error, self._job_failures)
+        journal = Journal(
+            self._store,
+            self._path,
+            state,
+            version,
+            clock=self._clock,
+            lease=self._lease,
+            leased=not deferred,
+        )
+        if not deferred:
+            try:
+                await journal.save(state)  # takes the lease; CAS proves the record was current
+            except VaultCasConflict:
+                if not read:
+                    return None
+                return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
+            except KeyturnError as error:
+                self._job_failures += 1
+                return self._failure_outcome(state, error, self._job_failures)
         stop = asyncio.Event()
         keeper = asyncio.ensure_future(journal.keep_alive(stop))
         try:
@@ -442,7 +481,12 @@ class CredentialJob:
         finally:
             stop.set()
             await keeper
-        return await self._finish(journal, action, failure)
+        outcome = await self._finish(journal, action, failure)
+        if outcome is None:  # a deferred lease lost to another writer: nothing of ours stored
+            if not read:
+                return None
+            return self._lease_held(state, self._clock.time() + self._rng.uniform(0.5, 2.0))
+        return outcome
 
     async def _run_tasks(
         self, journal: Journal, forced: set[str]
@@ -455,6 +499,8 @@ class CredentialJob:
             try:
                 action = await task.step(journal)
             except Exception as exc:
+                if journal.raced:
+                    return "raced", None  # not a failure: another writer got there first
                 if isinstance(exc, KeyturnError):
                     failure: KeyturnError = exc
                 else:
@@ -465,10 +511,18 @@ class CredentialJob:
                 journal.stage(state)
         return action, error
 
-    async def _finish(self, journal: Journal, action: str, error: KeyturnError | None) -> Outcome:
+    async def _finish(
+        self, journal: Journal, action: str, error: KeyturnError | None
+    ) -> Outcome | None:
+        """Store the run's outcome and release the lease; None when the run's deferred lease
+        was lost (`Journal.raced`): another writer changed the record, which must be read."""
+        if journal.raced:
+            return None
         try:
             await journal.release()
         except KeyturnError as exc:
+            if journal.raced:
+                return None
             # The lease expires by itself. What was staged is not stored: the next run reads
             # the record again; it backs off like any failure so a broken Vault is no hot loop.
             self._job_failures += 1

@@ -247,14 +247,19 @@ class TokenRefresh:
         # Holding a refresh token again ends a refusal (see _seed_from_input).
         refused = state.refresh.refused_at if refresh_token is None else None
         stored = replace(state.refresh, token=refresh_token, in_flight=None, refused_at=refused)
-        if stored == state.refresh:
+        if stored == state.refresh and journal.leased:
             # No refresh token came or went (client_credentials without one): nothing to make
             # durable first; the record is written once the token is published.
             return journal.stage(state)
         try:
             return await journal.save(replace(state, refresh=stored))
         except KeyturnError:
-            self._unsaved = answer
+            if journal.raced:
+                # Another writer changed the record before this run's first write: the answer
+                # is not this run's to keep (its refresh token is dropped, never stored).
+                log.info("refresh.record_changed_first", credential=self.credential.name)
+            else:
+                self._unsaved = answer
             raise
 
     async def _burn(self, journal: Journal, state: CredentialState, why: str) -> CredentialState:
@@ -315,6 +320,13 @@ class TokenRefresh:
                     "; ".join(problems),
                 )
             )
+
+    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+        """A refresh token is sent only after its in-flight mark is stored, and nothing is
+        published before the answer is (`_store_answer` writes even without a refresh token
+        when the run holds no lease yet): so the first write can take the lease, unless only a
+        client_credentials grant would precede it and the record may be stale."""
+        return current or state.refresh.token is not None
 
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float

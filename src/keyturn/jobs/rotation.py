@@ -159,6 +159,9 @@ class KeyRotation:
                 assert_never(phase)
         return action
 
+    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+        return False  # a key is created under the lease
+
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float
     ) -> tuple[CredentialState, int]:

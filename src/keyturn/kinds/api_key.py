@@ -118,6 +118,9 @@ class RepublishKey:
         journal.stage(replace(state, token=replace(state.token, published_version=version)))
         return "republished"
 
+    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+        return False  # it publishes before it writes the record
+
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float
     ) -> tuple[CredentialState, int]:
