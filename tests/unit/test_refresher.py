@@ -316,6 +316,38 @@ async def test_a_refresh_from_a_stale_copy_sends_no_refresh_token_before_its_wri
     assert world.observer.of(Failed) == []
 
 
+class MarkAnswerLost(FakeVaultStore):
+    """Stores the next in-flight mark written to STATE, then fails as if its answer were lost."""
+
+    lose_next_mark = False
+
+    async def write(self, path: str, data: object, **options: object) -> int:  # type: ignore[override]
+        version = await super().write(path, data, **options)  # type: ignore[arg-type]
+        if self.lose_next_mark and path == STATE and "refresh_in_flight" in data:  # type: ignore[operator]
+            self.lose_next_mark = False
+            raise VaultUnavailable("write: the answer was lost", path=path)
+        return version
+
+
+async def test_an_in_flight_mark_whose_write_seemed_to_fail_is_not_burned(world: World) -> None:
+    """The mark was stored but its answer lost: this process never sent that refresh token, so
+    when it reads its own mark back it clears it and sends the token, instead of burning it
+    and starting a new grant."""
+    store = MarkAnswerLost(clock=world.clock)
+    world.store = store
+    refresher = world.refresher()
+    outcome = await refresher.run()
+    store.lose_next_mark = True
+    world.clock.advance(outcome.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "refreshed"
+    assert world.server.grants == ["client_credentials", "refresh_token"]
+    assert world.server.used_refresh == ["rt-1-secretvalue"]
+    state = await world.state()
+    assert state.refresh.in_flight is None and state.refresh.burned is None
+    assert state.refresh.token == Secret("rt-2-secretvalue")
+
+
 async def test_an_external_write_is_reported_and_overwritten(world: World) -> None:
     refresher = world.refresher()
     outcome = await refresher.run()

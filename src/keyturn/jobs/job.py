@@ -440,10 +440,16 @@ class CredentialJob:
         if state.lease.held_by_other(self._instance, now):
             return self._lease_held(state, state.lease.until or now)
         current = read or version == 0
-        deferred = prepare is None and all(
-            task.defers_lease(state, current)
-            for task, due in zip(self.tasks, dues, strict=True)
-            if due <= now
+        # After a failure the lease comes first again: a Vault that refuses the record's writes
+        # then costs no token request per retry.
+        deferred = (
+            prepare is None
+            and self._job_failures == 0
+            and all(
+                task.defers_lease(state, current)
+                for task, due in zip(self.tasks, dues, strict=True)
+                if due <= now
+            )
         )
         journal = Journal(
             self._store,

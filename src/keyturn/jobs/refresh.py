@@ -131,6 +131,9 @@ class TokenRefresh:
         self._instance = deps.instance_id
         self._confirmed_version: int | None = None  # published version known to be ours
         self._unsaved: Unsaved | None = None  # an answer Vault failed to store
+        # The in-flight mark of an attempt whose write failed: the refresh token was not sent
+        # with it, even if Vault stored the mark (an answer lost, then a retry refused).
+        self._unsent: str | None = None
 
     async def due(self, state: CredentialState, now: float, force: bool) -> float:
         token = state.token
@@ -179,6 +182,10 @@ class TokenRefresh:
         token: TokenResponse | None = None
         requested_at = now
         unsaved, self._unsaved = self._unsaved, None
+        unsent, self._unsent = self._unsent, None
+        if unsent is not None and unsent == state.refresh.in_flight:
+            # This process's own mark, whose token never left: nothing to burn.
+            state = journal.stage(_not_used(state))
         if unsaved is not None and unsaved.attempt == state.refresh.in_flight:
             # The last run got an answer but could not store it (Vault failed): store it before
             # anything else. Its refresh token is the live one; the one in the record is used.
@@ -370,9 +377,13 @@ class TokenRefresh:
             # The intent is stored before the token leaves: if the answer is lost, the next
             # run knows the token may be used up.
             attempt = uuid.uuid4().hex[:16]
-            state = await journal.save(
-                replace(state, refresh=replace(state.refresh, in_flight=attempt))
-            )
+            try:
+                state = await journal.save(
+                    replace(state, refresh=replace(state.refresh, in_flight=attempt))
+                )
+            except KeyturnError:
+                self._unsent = attempt
+                raise
             try:
                 token = await self._grant(
                     "refresh_token", client_id, client_secret, state.refresh.token, state
