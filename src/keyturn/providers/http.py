@@ -17,6 +17,7 @@ import contextlib
 import email.utils
 import math
 import re
+import ssl
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -73,7 +74,10 @@ class ProviderHttp:
     ) -> None:
         count = 1 if transport is not None else -(-max_connections // LANE_CONNECTIONS)
         sizes = [max_connections // count + (i < max_connections % count) for i in range(count)]
-        self._lanes = [_pooled_client(base_url, timeout, size, transport) for size in sizes]
+        # One TLS context for every lane: each holds the CA bundle (about 1 MiB, and time to
+        # load it).
+        tls = httpx.create_ssl_context()
+        self._lanes = [_pooled_client(base_url, timeout, size, transport, tls) for size in sizes]
         self._in_flight = [0] * count
         self.timeout = self._lanes[0].timeout
 
@@ -96,11 +100,16 @@ class ProviderHttp:
 
 
 def _pooled_client(
-    base_url: str, timeout: float, max_connections: int, transport: httpx.AsyncBaseTransport | None
+    base_url: str,
+    timeout: float,
+    max_connections: int,
+    transport: httpx.AsyncBaseTransport | None,
+    tls: ssl.SSLContext,
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=base_url,
         timeout=timeout,
+        verify=tls,
         limits=httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         ),
