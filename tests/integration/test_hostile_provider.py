@@ -159,6 +159,23 @@ async def test_a_request_that_gets_no_answer_times_out_as_answer_lost(
     assert server.requests == 1
 
 
+async def send_token_request(http: ProviderHttp, deadline: float) -> object:
+    """A token request through `send_bounded` for credential "reporting", within `deadline`."""
+
+    def oversized(description: str) -> MalformedResponse:
+        return MalformedResponse(description, field="body", credential="reporting")
+
+    return await send_bounded(
+        http,
+        http.build_request("POST", "/oauth/token", content=b"{}"),
+        limit=65536,
+        where="/oauth/token",
+        credential="reporting",
+        oversized=oversized,
+        deadline=deadline,
+    )
+
+
 async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lost(
     server: HostileServer,
 ) -> None:
@@ -167,19 +184,8 @@ async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lo
     server.handler = server.never_answer
     http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=1)
 
-    def oversized(description: str) -> MalformedResponse:
-        return MalformedResponse(description, field="body", credential="reporting")
-
     async def send(deadline: float) -> object:
-        return await send_bounded(
-            http,
-            http.build_request("POST", "/oauth/token", content=b"{}"),
-            limit=65536,
-            where="/oauth/token",
-            credential="reporting",
-            oversized=oversized,
-            deadline=deadline,
-        )
+        return await send_token_request(http, deadline)
 
     try:
         holder = asyncio.create_task(send(30.0))
@@ -205,19 +211,8 @@ async def test_max_connections_over_several_lanes_is_the_cap_on_requests_in_flig
     server.handler = server.never_answer
     http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=11)
 
-    def oversized(description: str) -> MalformedResponse:
-        return MalformedResponse(description, field="body", credential="reporting")
-
     async def send(deadline: float) -> object:
-        return await send_bounded(
-            http,
-            http.build_request("POST", "/oauth/token", content=b"{}"),
-            limit=65536,
-            where="/oauth/token",
-            credential="reporting",
-            oversized=oversized,
-            deadline=deadline,
-        )
+        return await send_token_request(http, deadline)
 
     holders = [asyncio.create_task(send(30.0)) for _ in range(11)]
     try:
