@@ -143,16 +143,16 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
 async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
     await world.refresher().run()
     paths = [path for path, _ in world.store.writes]
-    # The rotated refresh token, then publish, then the success record (releasing the lease).
-    # The first write also takes the lease: a first grant sends nothing a second instance
-    # could not send too, so the run takes the lease with the write it must make anyway.
-    assert paths == [STATE, PUBLISHED, STATE]
-    first = CredentialState.from_data(
-        world.store._records[("secret", STATE)].versions[1].data, "reporting"
-    )
-    assert first.lease.owner == "i-1" and first.lease.until is not None
-    assert first.refresh.token == Secret("rt-1-secretvalue")
-    assert first.token.published_version is None
+    # The lease (a first grant goes out only under it), the refresh token the grant returned,
+    # then publish, then the success record (releasing the lease).
+    assert paths == [STATE, STATE, PUBLISHED, STATE]
+    versions = world.store._records[("secret", STATE)].versions
+    lease = CredentialState.from_data(versions[1].data, "reporting")
+    assert lease.lease.owner == "i-1" and lease.lease.until is not None
+    assert lease.refresh.token is None
+    stored = CredentialState.from_data(versions[2].data, "reporting")
+    assert stored.refresh.token == Secret("rt-1-secretvalue")
+    assert stored.token.published_version is None
 
 
 async def test_nothing_is_requested_while_the_token_is_fresh(world: World) -> None:
@@ -268,12 +268,13 @@ async def test_a_lease_held_by_another_instance_is_respected(world: World) -> No
     assert (await world.refresher("i-1").run()).action == "refreshed"
 
 
-async def test_a_first_grant_that_loses_the_record_to_another_instance_keeps_nothing(
+async def test_a_first_grant_waits_for_the_lease_so_a_late_instance_sends_none(
     world: World,
 ) -> None:
-    """i-2 found no record at start, but i-1 ran the credential first. i-2's first grant goes
-    out without a lease; its first write (check-and-set 0) is refused: it stores nothing,
-    publishes nothing, reports no failure, and reads the record, by which nothing is due."""
+    """i-2 found no record at start, but i-1 ran the credential first. A client_credentials
+    grant goes out only under the lease: i-2's lease write (check-and-set 0) is refused before
+    it asks the provider for anything, so the provider sees one grant, i-2 stores and publishes
+    nothing, reports no failure, and reads the record, by which nothing is due."""
     await world.refresher("i-1").run()
     published = await world.store.read(PUBLISHED)
     record = await world.state()
@@ -282,11 +283,11 @@ async def test_a_first_grant_that_loses_the_record_to_another_instance_keeps_not
     outcome = await late.run()
     assert outcome.action == "fresh"
     assert outcome.error is None
-    assert world.server.grants == ["client_credentials", "client_credentials"]
+    assert world.server.grants == ["client_credentials"]
     assert await world.store.read(PUBLISHED) == published
-    assert await world.state() == record  # i-1's refresh token is kept, not i-2's
+    assert await world.state() == record
     assert world.observer.of(Failed) == [] and world.observer.of(Suspicious) == []
-    # Its next run starts from the record it read, not from the answer it dropped.
+    # Its next run starts from the record it read, and refreshes with i-1's refresh token.
     world.clock.advance(outcome.next_due - world.clock.time())
     assert (await late.run()).action == "refreshed"
     assert world.server.grants[-1] == "refresh_token"

@@ -11,11 +11,11 @@ task saves its progress through the same record, so a crash between any two step
 from the last saved one. Failures are the task's own: it records them in the record and plans a
 retry with backoff; the other tasks of the job still run.
 
-A task may let the lease wait for its own first write (`Task.defers_lease`): the token
-refresh writes the record before anything it sends can be used only once (the refresh token's
-in-flight mark) and before it publishes, so when it starts from a record known to be current
-the check-and-set of that first write does what a lease write of its own would, one Vault
-call sooner. Losing that write to another writer ends the run as if the lease were held.
+A task may let the lease wait for its own first write (`Task.defers_lease`): a token
+refresh with a refresh token held writes the record (the token's in-flight mark) before it
+sends anything or publishes, so the check-and-set of that first write does what a lease write
+of its own would, one Vault call sooner. Losing that write to another writer ends the run as if
+the lease were held. A client_credentials grant waits for the lease: it would go out first.
 
 The lease is short: it covers one step (a provider request bounded by its timeout, and a Vault
 write) and is renewed while the run goes on, and it never outlasts half of what the published
@@ -280,11 +280,10 @@ class Task(Protocol):
         """The state after `error` (failure count, last error, retry time) and the number of
         consecutive failures of this task."""
 
-    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+    def defers_lease(self, state: CredentialState) -> bool:
         """Whether a run of this task may leave the lease to its first journal write: true only
-        if that write comes before anything it sends that can be used once and before anything
-        it publishes, and, unless the record is `current` (just read, or known absent), before
-        anything it sends at all (a stale copy could hold an outdated secret)."""
+        if that write comes before anything it sends or publishes. That write's check-and-set
+        proves the record current, so a copy kept in memory is safe to start from."""
 
 
 class Inputs(Protocol):
@@ -439,14 +438,13 @@ class CredentialJob:
             return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
         if state.lease.held_by_other(self._instance, now):
             return self._lease_held(state, state.lease.until or now)
-        current = read or version == 0
         # After a failure the lease comes first again: a Vault that refuses the record's writes
         # then costs no token request per retry.
         deferred = (
             prepare is None
             and self._job_failures == 0
             and all(
-                task.defers_lease(state, current)
+                task.defers_lease(state)
                 for task, due in zip(self.tasks, dues, strict=True)
                 if due <= now
             )

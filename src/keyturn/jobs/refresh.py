@@ -328,12 +328,13 @@ class TokenRefresh:
                 )
             )
 
-    def defers_lease(self, state: CredentialState, current: bool) -> bool:
-        """A refresh token is sent only after its in-flight mark is stored, and nothing is
-        published before the answer is (`_store_answer` writes even without a refresh token
-        when the run holds no lease yet): so the first write can take the lease, unless only a
-        client_credentials grant would precede it and the record may be stale."""
-        return current or state.refresh.token is not None
+    def defers_lease(self, state: CredentialState) -> bool:
+        """With a refresh token held, the first write is its in-flight mark, stored before the
+        token is sent and before anything is published: that write can take the lease. A
+        client_credentials grant waits for the lease: instances started together would each
+        send one, and every answer but one would leave the provider a token family nobody holds.
+        """
+        return state.refresh.token is not None
 
     def failed(
         self, state: CredentialState, error: KeyturnError, now: float

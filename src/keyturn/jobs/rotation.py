@@ -159,7 +159,7 @@ class KeyRotation:
                 assert_never(phase)
         return action
 
-    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+    def defers_lease(self, state: CredentialState) -> bool:
         return False  # a key is created under the lease
 
     def failed(

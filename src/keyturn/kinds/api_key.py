@@ -118,7 +118,7 @@ class RepublishKey:
         journal.stage(replace(state, token=replace(state.token, published_version=version)))
         return "republished"
 
-    def defers_lease(self, state: CredentialState, current: bool) -> bool:
+    def defers_lease(self, state: CredentialState) -> bool:
         return False  # it publishes before it writes the record
 
     def failed(
