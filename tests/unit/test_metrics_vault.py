@@ -7,7 +7,6 @@ The same words against a real OpenBao: tests/integration/test_vault_metrics.py.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from keyturn.errors import (
     VaultUnavailable,
 )
 from keyturn.secret import Secret
+from keyturn.testing.transport import vault_answer
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import (
     VAULT_OPERATIONS,
@@ -51,14 +51,7 @@ class FakeVaultAdapter(BaseAdapter):
         if isinstance(answer, Exception):
             raise answer
         status, body = answer
-        response = requests.Response()
-        response.status_code = status
-        response._content = json.dumps(body).encode() if body is not None else b""
-        response.headers["Content-Type"] = "application/json"
-        response.url = request.url or ""
-        response.request = request
-        response.encoding = "utf-8"
-        return response
+        return vault_answer(request, status, body)
 
     def close(self) -> None:
         pass

@@ -22,6 +22,7 @@ from requests.adapters import BaseAdapter
 from keyturn.clock import FakeClock
 from keyturn.errors import VaultCasConflict, VaultUnavailable
 from keyturn.secret import Secret
+from keyturn.testing.transport import vault_answer
 from keyturn.testing.vault import FakeVaultStore
 from keyturn.vault.auth import VaultAuth
 from keyturn.vault.client import (
@@ -65,15 +66,7 @@ class FakeCluster(BaseAdapter):
         if isinstance(answer, Exception):
             raise answer
         status, body, extra = answer
-        response = requests.Response()
-        response.status_code = status
-        response._content = json.dumps(body).encode() if body is not None else b""
-        response.headers["Content-Type"] = "application/json"
-        response.headers.update(extra)
-        response.url = request.url or ""
-        response.request = request
-        response.encoding = "utf-8"
-        return response
+        return vault_answer(request, status, body, headers=extra)
 
     def close(self) -> None:
         pass

@@ -8,7 +8,6 @@ out anyway.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from requests.adapters import BaseAdapter
 from keyturn.clock import FakeClock
 from keyturn.errors import VaultAuthError
 from keyturn.secret import Secret
+from keyturn.testing.transport import vault_answer
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import REASON_LIMIT, VaultClient, VaultConnection, vault_reason
 
@@ -36,14 +36,7 @@ class FakeVault(BaseAdapter):
 
     def send(self, request: requests.PreparedRequest, *args: object, **kwargs: object) -> Any:
         status, body = self.handler(request)
-        response = requests.Response()
-        response.status_code = status
-        response._content = json.dumps(body).encode()
-        response.headers["Content-Type"] = "application/json"
-        response.url = request.url or ""
-        response.request = request
-        response.encoding = "utf-8"
-        return response
+        return vault_answer(request, status, body)
 
     def close(self) -> None:
         pass

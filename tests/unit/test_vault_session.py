@@ -12,6 +12,7 @@ import requests
 from requests.adapters import BaseAdapter
 
 from keyturn.secret import Secret
+from keyturn.testing.transport import vault_answer
 from keyturn.vault.client import (
     VaultClient,
     VaultConnection,
@@ -82,14 +83,7 @@ class Recorder(BaseAdapter):
     def send(self, request: requests.PreparedRequest, *args: object, **kwargs: Any) -> Any:
         self.sent.append((request, kwargs))
         status, headers, body = self.answers.pop(0)
-        response = requests.Response()
-        response.status_code = status
-        response.headers.update(headers)
-        response._content = body
-        response.url = request.url or ""
-        response.request = request
-        response.encoding = "utf-8"
-        return response
+        return vault_answer(request, status, raw=body, headers=headers)
 
     def close(self) -> None:
         pass
