@@ -462,9 +462,7 @@ class CredentialJob:
             try:
                 await journal.save(state)  # takes the lease; CAS proves the record was current
             except VaultCasConflict:
-                if not read:
-                    return None
-                return self._lease_held(state, now + self._rng.uniform(0.5, 2.0))
+                return self._another_writer_first(state, read)
             except KeyturnError as error:
                 self._job_failures += 1
                 return self._failure_outcome(state, error, self._job_failures)
@@ -487,10 +485,15 @@ class CredentialJob:
             await keeper
         outcome = await self._finish(journal, action, failure)
         if outcome is None:  # a deferred lease lost to another writer: nothing of ours stored
-            if not read:
-                return None
-            return self._lease_held(state, self._clock.time() + self._rng.uniform(0.5, 2.0))
+            return self._another_writer_first(state, read)
         return outcome
+
+    def _another_writer_first(self, state: CredentialState, read: bool) -> Outcome | None:
+        """The run's first write lost its check-and-set: someone wrote the record since. From
+        this process's copy: None, so the record is read. From a read: look again soon."""
+        if not read:
+            return None
+        return self._lease_held(state, self._clock.time() + self._rng.uniform(0.5, 2.0))
 
     async def _run_tasks(
         self, journal: Journal, forced: set[str]

@@ -254,9 +254,10 @@ class TokenRefresh:
         # Holding a refresh token again ends a refusal (see _seed_from_input).
         refused = state.refresh.refused_at if refresh_token is None else None
         stored = replace(state.refresh, token=refresh_token, in_flight=None, refused_at=refused)
-        if stored == state.refresh and journal.leased:
+        if stored == state.refresh:
             # No refresh token came or went (client_credentials without one): nothing to make
-            # durable first; the record is written once the token is published.
+            # durable first; the record is written once the token is published. The run holds
+            # the lease by now: a client_credentials grant waits for it (`defers_lease`).
             return journal.stage(state)
         try:
             return await journal.save(replace(state, refresh=stored))
