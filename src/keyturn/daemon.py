@@ -32,7 +32,7 @@ from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
-from keyturn.jobs.job import Checkpoint, Outcome, no_checkpoint
+from keyturn.jobs.job import Checkpoint, Outcome, lease_in_force, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.members import Membership
@@ -598,7 +598,11 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         if entry is None:
             return None, False
         state = CredentialState.from_data(entry.data, name)
-        return state.token.published_version, state.lease.held(runtime.context.clock.time())
+        publish_to = runtime.config.credential(name).publish_to
+        now = runtime.context.clock.time()
+        return state.token.published_version, await lease_in_force(
+            runtime.store, state, publish_to, now
+        )
 
     async def republish(name: str) -> None:
         kind = runtime.config.credential(name).kind

@@ -4,7 +4,8 @@ In Vault the record is one KV entry of string fields, named as docs/vault.md lis
 existing deployment must read the records it wrote). In Python it is a `CredentialState` of
 four typed parts, each changed with `dataclasses.replace` (so mypy sees every field name):
 
-    lease      which instance works on the credential now, and until when
+    lease      which instance works on the credential now, and until when (or until which
+               published version lands)
     refresh    the refresh token and what keeps it used once, by one instance (promise 2)
     token      what apps read (when issued, until when, its KV version) and how the last run
                went; for an api_key the key: `issued_at` its creation, `expires_at` its
@@ -42,10 +43,16 @@ ROTATION_PHASES: tuple[RotationPhase, ...] = get_args(RotationPhase)
 
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:
-    """Which instance is working on the credential, and until when (epoch seconds)."""
+    """Which instance is working on the credential, and until when (epoch seconds).
+
+    `ends_with`: a run that stored its outcome before publishing (see
+    `keyturn.jobs.job.Journal.save_ending_with`) writes no release; its lease ends when this KV
+    version lands at the published path, or at `until`, whichever comes first
+    (`keyturn.jobs.job.lease_in_force`)."""
 
     owner: str | None = None
     until: float | None = None
+    ends_with: int | None = None
 
     def held(self, now: float) -> bool:
         """Someone holds the lease now."""
@@ -270,6 +277,7 @@ class StoredField:
 FIELDS: tuple[StoredField, ...] = (
     StoredField("lease_owner", "lease", "owner", TEXT),
     StoredField("lease_until", "lease", "until", TIME),
+    StoredField("lease_ends_with", "lease", "ends_with", COUNT),
     StoredField("refresh_token", "refresh", "token", SECRET),
     StoredField("refresh_in_flight", "refresh", "in_flight", TEXT),
     StoredField("burned_refresh_token", "refresh", "burned", SECRET),

@@ -507,3 +507,103 @@ async def test_a_scope_other_than_asked_is_drift(world: World) -> None:
     drift = [s for s in world.observer.of(Suspicious) if s.detector == "grant_drift"]
     assert len(drift) == 1
     assert "extra ['admin']" in drift[0].detail
+
+
+async def test_without_a_probe_the_outcome_goes_with_the_refresh_token_and_no_release_is_written(
+    world: World,
+) -> None:
+    """Nothing can fail after the publish, so the write that stores the rotated refresh token
+    also stores the run's outcome (the version the publish will create) and the lease ends
+    with that publish: three writes, not four."""
+    outcome = await world.refresher(probe=None).run()
+    assert outcome.action == "refreshed"
+    assert [path for path, _ in world.store.writes] == [STATE, STATE, PUBLISHED]
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None
+    state = await world.state()
+    assert state.refresh.token == Secret("rt-1-secretvalue")
+    assert state.token.published_version == entry.version
+    assert state.token.phase == "ok" and state.token.next_due == outcome.next_due
+    assert state.lease.owner == "i-1" and state.lease.ends_with == entry.version
+    # The steady refresh: the in-flight mark takes the lease, then the outcome, then publish.
+    world.clock.advance(outcome.next_due - world.clock.time())
+    writes = len(world.store.writes)
+    outcome = await world.refresher(probe=None).run()
+    assert outcome.action == "refreshed"
+    assert [path for path, _ in world.store.writes[writes:]] == [STATE, STATE, PUBLISHED]
+    assert (await world.state()).token.published_version == entry.version + 1
+
+
+async def test_a_lease_that_ended_with_its_publish_does_not_hold_up_another_instance(
+    world: World,
+) -> None:
+    """Once the version it names is what apps read, the lease is over, well before its time:
+    a command or another instance goes ahead at once."""
+    await world.refresher("i-1", probe=None).run()
+    assert (await world.state()).lease.held(world.clock.time())
+    outcome = await world.refresher("i-2", probe=None).run(force=True)
+    assert outcome.action == "refreshed"
+    assert (await world.state()).token.writer == "i-2"
+
+
+async def test_a_lease_whose_publish_never_landed_holds_until_its_time(world: World) -> None:
+    """An instance that died after storing its outcome and before publishing: its record
+    names a version apps do not read. Another instance waits out the lease (a publish may
+    still be on its way), then refreshes and publishes; apps read a valid token throughout."""
+    first = await world.refresher("i-1", probe=None).run()
+    published = await world.store.read(PUBLISHED)
+    assert published is not None
+    state = await world.state()
+    world.clock.advance(first.next_due - world.clock.time())
+    dead = dataclasses.replace(
+        state,
+        lease=LeaseRecord("i-dead", world.clock.time() + 20, published.version + 1),
+        token=dataclasses.replace(state.token, published_version=published.version + 1),
+    )
+    await world.store.write(STATE, dead.to_data(), cas=None)  # as the dead instance left it
+    taker = world.refresher("i-2", probe=None)
+    held = await taker.run()
+    assert held.action == "lease_held"
+    assert world.server.grants == ["client_credentials"]
+    world.clock.advance(21)
+    outcome = await taker.run()
+    assert outcome.action == "refreshed"
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None and entry.data["access_token"] == "at-2-secretvalue"
+    assert (await world.state()).token.published_version == entry.version
+
+
+class PublishFails(FakeVaultStore):
+    """Fails the next write to the published path, as a Vault that is down would."""
+
+    fail_publish = False
+
+    async def write(self, path: str, data: object, **options: object) -> int:  # type: ignore[override]
+        if self.fail_publish and path == PUBLISHED:
+            self.fail_publish = False
+            raise VaultUnavailable("write: connection refused", path=path)
+        return await super().write(path, data, **options)  # type: ignore[arg-type]
+
+
+async def test_an_outcome_stored_before_a_publish_that_failed_is_taken_back(world: World) -> None:
+    """The record must never claim a token apps do not read: the release stores the token
+    part as it was, with the failure, and keeps the rotated refresh token."""
+    store = PublishFails(clock=world.clock)
+    world.store = store
+    refresher = world.refresher(probe=None)
+    first = await refresher.run()
+    before = await world.state()
+    store.fail_publish = True
+    world.clock.advance(first.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "failed"
+    state = await world.state()
+    assert state.token.published_version == before.token.published_version
+    assert state.token.expires_at == before.token.expires_at
+    assert state.token.phase == "failing" and state.token.consecutive_failures == 1
+    assert state.refresh.token == Secret("rt-2-secretvalue")  # the rotated one, kept
+    assert state.lease.owner is None and state.lease.ends_with is None
+    world.clock.advance(outcome.next_due - world.clock.time())
+    outcome = await refresher.run()
+    assert outcome.action == "refreshed"
+    assert world.server.used_refresh == ["rt-1-secretvalue", "rt-2-secretvalue"]

@@ -30,6 +30,7 @@ from keyturn.clock import Clock, SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
+from keyturn.jobs.job import lease_in_force
 from keyturn.layout import state_path
 from keyturn.members import members_path, owner, read_members
 from keyturn.state import CredentialState
@@ -269,7 +270,7 @@ async def status_rows(
                 rotates_at = journal.key_created_at + rotation.max_age
             else:
                 rotates_at = journal.retry_at
-        lease_until = state.lease.until
+        refreshing = await lease_in_force(store, state, credential.publish_to, clock.time())
         return StatusRow(
             credential=name,
             kind=credential.kind,
@@ -280,7 +281,7 @@ async def status_rows(
             last_success=token.last_success,
             last_error=unreadable or token.last_error or (journal.error if rotation else None),
             consecutive_failures=token.consecutive_failures,
-            refreshing=lease_until is not None and lease_until > clock.time(),
+            refreshing=refreshing,
             owner=state.lease.owner or token.writer,
             published_version=token.published_version,
             key_id=journal.key_id if credential.kind == "api_key" else None,

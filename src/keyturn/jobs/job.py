@@ -161,6 +161,24 @@ class Lease:
         return now + length
 
 
+async def lease_in_force(
+    store: KvStore, state: CredentialState, publish_to: str, now: float
+) -> bool:
+    """Whether a run holds the credential's lease: its time has not run out, and, for a lease
+    that ends with a publish (`LeaseRecord.ends_with`), that version has not landed at
+    `publish_to` yet (one metadata read; if it fails, the lease counts as held)."""
+    lease = state.lease
+    if not lease.held(now):
+        return False
+    if lease.ends_with is None:
+        return True
+    try:
+        published = await store.read_metadata(publish_to, consistent=True)
+    except KeyturnError:
+        return True
+    return published is None or published.current_version != lease.ends_with
+
+
 class Journal:
     """The state record of one run. `save` writes it now, with check-and-set (a durability
     point: nothing may happen before it is stored); `stage` only keeps it for the write that
@@ -170,7 +188,11 @@ class Journal:
 
     `leased=False`: the run has not written the record yet, so it holds no lease; its first
     write takes it (`leased` then turns True). If that write loses its check-and-set, `raced`
-    is set: another writer changed the record since it was read, and this run must stop."""
+    is set: another writer changed the record since it was read, and this run must stop.
+
+    `may_end_with_publish`: the running task is the job's last, so it may store the run's
+    outcome before it publishes (`save_ending_with`) and, once the publish lands as planned,
+    call `ended()`: the job then writes no release (one Vault write fewer per run)."""
 
     def __init__(
         self,
@@ -192,6 +214,9 @@ class Journal:
         self._lock = asyncio.Lock()
         self.leased = leased
         self.raced = False
+        self.may_end_with_publish = False
+        self._ends_with: int | None = None
+        self.over = False
 
     async def save(self, state: CredentialState) -> CredentialState:
         async with self._lock:
@@ -204,19 +229,36 @@ class Journal:
         async with self._lock:
             return await self._write(self._leased(self.state))
 
+    async def save_ending_with(self, state: CredentialState, version: int) -> CredentialState:
+        """Store `state`, the run's outcome, before the publish that makes it true: the lease
+        then ends when KV `version` lands at the published path (others check it with
+        `lease_in_force`). The task calls `ended()` once it has, or stages the record as it
+        really is (the release then stores it)."""
+        async with self._lock:
+            self._ends_with = version
+            return await self._write(self._leased(state))
+
+    def ended(self) -> None:
+        """The publish named by `save_ending_with` landed: the record is final, the lease ends
+        with it, and the job writes no release."""
+        self.over = self._ends_with is not None  # else a release stores what is staged
+
     def _leased(self, state: CredentialState) -> CredentialState:
         if self._lease is None or self._clock is None:
             return state
         until = self._lease.until(state, self._clock.time())
-        return replace(state, lease=LeaseRecord(self._lease.owner, until))
+        return replace(state, lease=LeaseRecord(self._lease.owner, until, self._ends_with))
 
     def stage(self, state: CredentialState) -> CredentialState:
         self.state = state
+        # What is staged now is not the outcome stored before publishing: the release stores it.
+        self._ends_with, self.over = None, False
         return state
 
     async def release(self) -> CredentialState:
         """Write the staged state with the lease given up: the run is over."""
         async with self._lock:
+            self._ends_with = None
             return await self._write(replace(self.state, lease=LeaseRecord()))
 
     async def _write(self, state: CredentialState) -> CredentialState:
@@ -316,6 +358,7 @@ class CredentialJob:
         self._rng = deps.rng
         self._instance = deps.instance_id
         self._path = state_path(deps.state_prefix, credential.name)
+        self._publish_to = credential.publish_to
         self._lease = Lease(deps.instance_id, deps.lease_seconds)
         self._consumers = deps.consumers
         self._backoff = credential.backoff
@@ -436,7 +479,9 @@ class CredentialJob:
             self._job_failures = 0
             self._record = (state, version)
             return self._planned(Outcome("fresh", min(dues, default=now + 3600), state))
-        if state.lease.held_by_other(self._instance, now):
+        if state.lease.held_by_other(self._instance, now) and await lease_in_force(
+            self._store, state, self._publish_to, now
+        ):
             return self._lease_held(state, state.lease.until or now)
         # After a failure the lease comes first again: a Vault that refuses the record's writes
         # then costs no token request per retry.
@@ -503,6 +548,7 @@ class CredentialJob:
             now = self._clock.time()
             if await task.due(journal.state, now, task.name in forced) > now:
                 continue
+            journal.may_end_with_publish = task is self.tasks[-1]
             try:
                 action = await task.step(journal)
             except Exception as exc:
@@ -521,12 +567,14 @@ class CredentialJob:
     async def _finish(
         self, journal: Journal, action: str, error: KeyturnError | None
     ) -> Outcome | None:
-        """Store the run's outcome and release the lease; None when the run's deferred lease
-        was lost (`Journal.raced`): another writer changed the record, which must be read."""
+        """Store the run's outcome and release the lease (unless the outcome was stored before
+        a publish that landed: `Journal.ended`); None when the run's deferred lease was lost
+        (`Journal.raced`): another writer changed the record, which must be read."""
         if journal.raced:
             return None
         try:
-            await journal.release()
+            if not journal.over:
+                await journal.release()
         except KeyturnError as exc:
             if journal.raced:
                 return None

@@ -49,7 +49,13 @@ from keyturn.policy import refresh_due, retry_delay
 from keyturn.providers.client import GrantType, ProviderClient
 from keyturn.providers.tokens import TokenResponse
 from keyturn.secret import Secret
-from keyturn.state import CredentialState, RefreshTokenRecord, fingerprint, fingerprint_matches
+from keyturn.state import (
+    CredentialState,
+    RefreshTokenRecord,
+    TokenRecord,
+    fingerprint,
+    fingerprint_matches,
+)
 
 KIND = "oauth_client"
 
@@ -194,15 +200,24 @@ class TokenRefresh:
                 token, requested_at = unsaved.token, unsaved.requested_at
         elif state.refresh.in_flight is not None:
             state = await self._burn(journal, state, "the answer to its last use was lost")
+        answer: Unsaved | None = None
         if token is None:
             token, state = await self._obtain_token(journal, state)
-            state = await self._store_answer(
-                journal, state, Unsaved(state.refresh.in_flight, token, requested_at)
-            )
+            answer = Unsaved(state.refresh.in_flight, token, requested_at)
         lifetime = token.expires_in if token.expires_in is not None else self._default_lifetime
         # Apps read expires_at in whole seconds (rounded down): plan from that same instant.
         issued_at, expires_at = requested_at, float(math.floor(requested_at + lifetime))
-        self._check_drift(state, token, lifetime)
+        # Planned before publishing, so apps read when keyturn means to replace this token.
+        next_due = refresh_due(issued_at, expires_at, self.credential.refresh, self._rng)
+        before, outcome = state, None
+        if answer is not None:
+            if self._may_store_outcome_first(journal, state):
+                outcome = self._success(
+                    state, token, issued_at, expires_at, next_due, before_publish=True
+                )
+            state = await self._store_answer(journal, state, answer, outcome)
+        recorded = outcome is not None and state.token is outcome
+        self._check_drift(before, token, lifetime)
 
         if self.credential.probe:
             await verify_with_probe(
@@ -214,23 +229,62 @@ class TokenRefresh:
                 authorization=Secret(f"Bearer {token.access_token.reveal()}"),
                 what="token",
             )
-        # Planned before publishing, so apps read when keyturn means to replace this token.
-        next_due = refresh_due(issued_at, expires_at, self.credential.refresh, self._rng)
-        published_version = await self._publish(
-            token.access_token, issued_at, expires_at, next_due, state
-        )
+        try:
+            published_version = await self._publish(
+                token.access_token, issued_at, expires_at, next_due, before
+            )
+        except BaseException:
+            if recorded:  # the outcome stored first did not come true: the release stores this
+                journal.stage(replace(state, token=before.token))
+            raise
         self._confirmed_version = published_version
+        self._observer(
+            Published(self.credential.name, self.credential.provider, KIND, issued_at, expires_at)
+        )
+        if recorded and state.token.published_version == published_version:
+            journal.ended()  # the record stored before publishing is the outcome: no release
+            return "refreshed"
         if state.refresh.burned is not None:  # apps now read a token of another grant
             await self._revoke(state.refresh.burned)
             state = replace(state, refresh=replace(state.refresh, burned=None))
         if self._import is not None and self._import.also_revoke is not None:
             await self._revoke(self._import.also_revoke)
-        published = replace(
+        published = self._success(state, token, issued_at, expires_at, next_due)
+        journal.stage(replace(state, token=replace(published, published_version=published_version)))
+        return "refreshed"
+
+    def _may_store_outcome_first(self, journal: Journal, state: CredentialState) -> bool:
+        """Whether the write that stores a rotated refresh token may also store the run's
+        outcome (the token part as it will be once published) and let the lease end with the
+        publish: only when nothing can follow the publish (no probe to fail first, no refresh
+        token to revoke, no import, no other task of the job after this one)."""
+        return (
+            journal.may_end_with_publish
+            and not self.credential.probe
+            and state.refresh.burned is None
+            and self._import is None
+        )
+
+    def _success(
+        self,
+        state: CredentialState,
+        token: TokenResponse,
+        issued_at: float,
+        expires_at: float,
+        next_due: float,
+        *,
+        before_publish: bool = False,
+    ) -> TokenRecord:
+        """The token part after this run's publish: with `before_publish`, the KV version the
+        publish will create under check-and-set (the one after the version keyturn last
+        wrote), else the caller sets the version it got."""
+        last = state.token.published_version
+        return replace(
             state.token,
             issued_at=issued_at,
             expires_at=expires_at,
             scope=token.scope,
-            published_version=published_version,
+            published_version=(last or 0) + 1 if before_publish else last,
             writer=self._instance,
             last_success=self._clock.time(),
             last_error=None,
@@ -238,18 +292,19 @@ class TokenRefresh:
             next_due=next_due,
             phase="ok",
         )
-        journal.stage(replace(state, token=published))
-        self._observer(
-            Published(self.credential.name, self.credential.provider, KIND, issued_at, expires_at)
-        )
-        return "refreshed"
 
     async def _store_answer(
-        self, journal: Journal, state: CredentialState, answer: Unsaved
+        self,
+        journal: Journal,
+        state: CredentialState,
+        answer: Unsaved,
+        outcome: TokenRecord | None = None,
     ) -> CredentialState:
         """Promise 2: the rotated refresh token is durable before any access token is
         published. If Vault fails here the answer is kept in memory and stored first next run
-        (the in-flight mark stays in the record, so a restart treats the old token as used)."""
+        (the in-flight mark stays in the record, so a restart treats the old token as used).
+        With `outcome`, the same write stores the token part as it will be once published,
+        and the lease ends with that publish (`Journal.save_ending_with`)."""
         refresh_token = answer.token.refresh_token or state.refresh.token
         # Holding a refresh token again ends a refusal (see _seed_from_input).
         refused = state.refresh.refused_at if refresh_token is None else None
@@ -260,6 +315,10 @@ class TokenRefresh:
             # the lease by now: a client_credentials grant waits for it (`defers_lease`).
             return journal.stage(state)
         try:
+            if outcome is not None and outcome.published_version is not None:
+                return await journal.save_ending_with(
+                    replace(state, refresh=stored, token=outcome), outcome.published_version
+                )
             return await journal.save(replace(state, refresh=stored))
         except KeyturnError:
             if journal.raced:
