@@ -4,12 +4,14 @@ path sends what `requests.Session` would."""
 from __future__ import annotations
 
 import json as jsonlib
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter
+from requests.adapters import BaseAdapter, HTTPAdapter
 
 from keyturn.secret import Secret
 from keyturn.testing.transport import vault_answer
@@ -18,6 +20,7 @@ from keyturn.vault.client import (
     VaultConnection,
     api_url,
     environment_proxies,
+    not_sent,
     session_verify,
 )
 from keyturn.vault.session import DirectSession
@@ -156,3 +159,107 @@ def test_a_redirect_is_followed_as_requests_follows_it() -> None:
     last = recorder.sent[-1][0].body
     assert isinstance(last, bytes)
     assert jsonlib.loads(last) == {"data": {"k": "v"}}
+
+
+class OneShotServer:
+    """A socket on 127.0.0.1 that accepts connections on a thread and does `behaviour` with
+    each: answer, say nothing, hang up after reading the request, or answer with bytes that
+    are not TLS."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            self.open.append(connection)
+            if self.behaviour == "not_tls":
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                continue
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = connection.recv(65536)
+                if not chunk:
+                    break
+                request += chunk
+            if self.behaviour == "hang_up":
+                connection.close()
+            elif self.behaviour == "answer":
+                body = b'{"data": {"version": 7}}'
+                connection.sendall(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    + b"X-Vault-Index: abc\r\nContent-Length: %d\r\n\r\n" % len(body)
+                    + body
+                )
+            # "silent": read the request, never answer
+
+    def close(self) -> None:
+        self.listener.close()
+        for connection in self.open:
+            connection.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("situation", ["refused", "silent", "hang_up", "not_tls"])
+def test_a_call_sent_straight_to_the_pool_fails_as_one_sent_through_requests(
+    situation: str,
+) -> None:
+    """The direct path's errors are requests' own types, and a call that never reached Vault
+    is told apart from one that may have, exactly as through `requests.Session`."""
+    server = None if situation == "refused" else OneShotServer(situation)
+    port = _free_port() if server is None else server.port
+    scheme = "https" if situation == "not_tls" else "http"
+    url = f"{scheme}://127.0.0.1:{port}/v1/secret/data/apps/x"
+    errors: list[BaseException] = []
+    direct = DirectSession()
+    direct.trust_env = False
+    direct.mount("http://", HTTPAdapter(max_retries=0))
+    direct.mount("https://", HTTPAdapter(max_retries=0))
+    plain = requests.Session()
+    plain.trust_env = False
+    try:
+        for session in (direct, plain):
+            with pytest.raises(requests.RequestException) as caught:
+                session.request("POST", url, json={"data": {"k": "v"}}, timeout=0.5)
+            errors.append(caught.value)
+    finally:
+        if server is not None:
+            server.close()
+    assert direct._pools  # the call went straight to the pool
+    assert type(errors[0]) is type(errors[1])
+    assert not_sent(errors[0]) == not_sent(errors[1]) == (situation == "refused")
+
+
+def test_an_answer_straight_from_the_pool_reads_as_requests_would_give_it() -> None:
+    server = OneShotServer("answer")
+    session = DirectSession()
+    session.trust_env = False
+    session.mount("http://", HTTPAdapter(max_retries=0))
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/secret/data/apps/x"
+        direct = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
+        through = requests.post(url, json={"data": {"k": "v"}}, timeout=2)
+    finally:
+        server.close()
+    assert session._pools
+    assert direct.status_code == through.status_code == 200
+    assert direct.ok and direct.reason == through.reason
+    assert direct.json() == through.json() == {"data": {"version": 7}}
+    assert direct.headers["x-vault-index"] == through.headers["X-Vault-Index"] == "abc"
+    assert direct.encoding == through.encoding
+    assert direct.url == through.url
