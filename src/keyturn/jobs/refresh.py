@@ -212,9 +212,9 @@ class TokenRefresh:
         before, outcome = state, None
         if answer is not None:
             if self._may_store_outcome_first(journal, state):
-                outcome = self._success(
-                    state, token, issued_at, expires_at, next_due, before_publish=True
-                )
+                # Under check-and-set the publish creates the version after keyturn's last.
+                version = (state.token.published_version or 0) + 1
+                outcome = self._success(state, token, issued_at, expires_at, next_due, version)
             state = await self._store_answer(journal, state, answer, outcome)
         recorded = outcome is not None and state.token is outcome
         self._check_drift(before, token, lifetime)
@@ -249,8 +249,8 @@ class TokenRefresh:
             state = replace(state, refresh=replace(state.refresh, burned=None))
         if self._import is not None and self._import.also_revoke is not None:
             await self._revoke(self._import.also_revoke)
-        published = self._success(state, token, issued_at, expires_at, next_due)
-        journal.stage(replace(state, token=replace(published, published_version=published_version)))
+        published = self._success(state, token, issued_at, expires_at, next_due, published_version)
+        journal.stage(replace(state, token=published))
         return "refreshed"
 
     def _may_store_outcome_first(self, journal: Journal, state: CredentialState) -> bool:
@@ -272,19 +272,15 @@ class TokenRefresh:
         issued_at: float,
         expires_at: float,
         next_due: float,
-        *,
-        before_publish: bool = False,
+        published_version: int,
     ) -> TokenRecord:
-        """The token part after this run's publish: with `before_publish`, the KV version the
-        publish will create under check-and-set (the one after the version keyturn last
-        wrote), else the caller sets the version it got."""
-        last = state.token.published_version
+        """The token part once this run's publish created KV `published_version`."""
         return replace(
             state.token,
             issued_at=issued_at,
             expires_at=expires_at,
             scope=token.scope,
-            published_version=(last or 0) + 1 if before_publish else last,
+            published_version=published_version,
             writer=self._instance,
             last_success=self._clock.time(),
             last_error=None,
