@@ -439,6 +439,12 @@ BAD_OVERRIDES = [
         "REFRESH_MIN_INTERVAL, REFRESH_TOKEN, SCOPE",
     ),
     (
+        # The entry no variable names is walked after all, to find the name meant.
+        {"KEYTURN_CREDENTIALS_REPORTNG_SCOPE": "read"},
+        "k.toml: environment KEYTURN_CREDENTIALS_REPORTNG_SCOPE: not a known override; "
+        "did you mean KEYTURN_CREDENTIALS_REPORTING_SCOPE?",
+    ),
+    (
         {"KEYTURN_CREDENTIALS_REPORTING_NAME": "other"},
         'k.toml: environment KEYTURN_CREDENTIALS_REPORTING_NAME: not a key of credentials["re',
     ),

@@ -27,6 +27,8 @@ from keyturn.config.schema import (
     fields_of,
 )
 
+CREDENTIAL_KINDS = frozenset(get_args(CredentialKind))
+
 
 @dataclass(frozen=True)
 class Node:
@@ -57,7 +59,7 @@ def keys(model: type) -> Mapping[str, FieldInfo]:
 def keys_for(model: type, table: object) -> Mapping[str, FieldInfo]:
     """The keys a table of `model` takes, given its data: a credential's depend on its kind."""
     kind = table.get("kind") if isinstance(table, dict) else None
-    return _keys_of_kind(model, kind if kind in get_args(CredentialKind) else None)
+    return _keys_of_kind(model, kind if kind in CREDENTIAL_KINDS else None)
 
 
 @functools.cache

@@ -13,6 +13,7 @@ messages and inputs are never shown. Either the whole file is valid or nothing i
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import re
@@ -124,6 +125,16 @@ def _marker(info: FieldInfo, kind: type[Any]) -> Any:
     return next((m for m in info.metadata if isinstance(m, kind)), None)
 
 
+@functools.cache
+def _unique_keys(model: type) -> tuple[tuple[str, Unique, Check], ...]:
+    """A table's keys whose value must not repeat across entries, with the rule and the check
+    that reads the value (looked up once per model: `repeats` walks every table)."""
+    found = (
+        (key, _marker(info, Unique), _marker(info, Check)) for key, info in keys(model).items()
+    )
+    return tuple((key, rule, check) for key, rule, check in found if rule and check)
+
+
 class Document:
     """The file's data and the names of its entries: how a key path is shown, which entries
     overrides pick, what the tables may refer to, and the problems pydantic cannot see (names
@@ -227,9 +238,8 @@ class Document:
         found: list[tuple[Loc, str]] = []
         seen: dict[Unique, dict[Any, Loc]] = {}
         for loc, model, table in walk(self.data):
-            for key, info in keys(model).items() if self._named(loc) else ():
-                rule, check = _marker(info, Unique), _marker(info, Check)
-                value = check.valid(table.get(key)) if rule and check else None
+            for key, rule, check in _unique_keys(model) if self._named(loc) else ():
+                value = check.valid(table.get(key))
                 first = loc if value is None else seen.setdefault(rule, {}).setdefault(value, loc)
                 if first != loc:
                     what = f'"{value}" is also the {key} of {self.path(first)}'

@@ -22,6 +22,7 @@ seconds; secret inputs are `SecretRef`s, never values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import re
@@ -897,9 +898,7 @@ class CredentialConfig(Table):
         kind, found, refused = data.get("kind"), list[InitErrorDetails](), set[str]()
         if kind is None:
             found.append(InitErrorDetails(type="missing", loc=("kind",), input=data))
-        # (not `cls`: with slots=True, that is the class before dataclass() replaced it)
-        fields = fields_of(CredentialConfig)
-        rules = [(k, m) for k, i in fields.items() for m in i.metadata if isinstance(m, ForKind)]
+        fields, rules = _kind_rules_of_credentials()
         for key, rule in rules if kind in get_args(CredentialKind) else []:
             if rule.only not in (None, kind) and key in data:
                 why = f'not allowed for kind "{kind}"{_NOT_FOR[str(kind)]}'
@@ -953,6 +952,16 @@ class CredentialConfig(Table):
                 "expected a rotator whose templates do not use {client_id}"
             )
             yield ("rotation", "rotator"), message
+
+
+@functools.cache
+def _kind_rules_of_credentials() -> tuple[dict[str, FieldInfo], list[tuple[str, ForKind]]]:
+    """A credential's fields and the `ForKind` rule of each key that has one (made once:
+    `_kind_rules` runs for every credential)."""
+    # (not `cls`: with slots=True, that is the class before dataclass() replaced it)
+    fields = fields_of(CredentialConfig)
+    rules = [(k, m) for k, i in fields.items() for m in i.metadata if isinstance(m, ForKind)]
+    return fields, rules
 
 
 def _again(error: ErrorDetails) -> InitErrorDetails:
