@@ -17,11 +17,11 @@ import functools
 import json
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
+import tomli
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
@@ -78,9 +78,9 @@ def parse_config(
     Relative filesystem paths are taken from `base_dir` (default: the directory of `source`).
     """
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        # tomllib's messages give the position and never the offending value.
+        data = tomli.loads(text)
+    except tomli.TOMLDecodeError as exc:
+        # tomli's messages give the position and never the offending value.
         raise ConfigError([f"{source}: invalid TOML: {exc}; expected a TOML document"]) from None
     except ValueError:  # an integer too long for Python to read (more than 4300 digits)
         raise ConfigError(
