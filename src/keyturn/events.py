@@ -9,6 +9,7 @@ was never given.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -142,13 +143,21 @@ Observer: TypeAlias = Callable[[Event], None]
 _FAILED_RESULTS = ("failed", "verification_failed", "awaiting_manual")
 
 
+_DEBUG_ONLY = (TokenRequest, Scheduled, Probed)  # the events `LoggingObserver` logs at debug
+
+
 class LoggingObserver:
     """Structured log lines for the events worth a line (secrets never reach here)."""
 
     def __init__(self) -> None:
         self._log = get_logger("keyturn.events")
+        # The level structlog's filter asks at each call, asked first: a debug line dropped
+        # still cost 12 µs through structlog (two events per credential on every start).
+        self._level = logging.getLogger("keyturn.events")
 
     def __call__(self, event: Event) -> None:
+        if isinstance(event, _DEBUG_ONLY) and not self._level.isEnabledFor(logging.DEBUG):
+            return
         match event:
             case TokenRequest():
                 self._log.debug(

@@ -11,7 +11,7 @@ import logging
 import pytest
 import structlog
 
-from keyturn.events import Event, Observers, Probed, Published, Scheduled
+from keyturn.events import Event, LoggingObserver, Observers, Probed, Published, Scheduled
 from keyturn.logs import configure_logging
 from keyturn.testing.observer import RecordingObserver
 
@@ -59,3 +59,18 @@ def test_events_are_frozen_values() -> None:
     assert event == Published("c", "p", "oauth_client", T0, T0 + 60)
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.credential = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("level", "logged"), [("debug", True), ("info", False)])
+def test_debug_events_are_logged_only_at_debug(level: str, logged: bool) -> None:
+    stream = io.StringIO()
+    configure_logging(level, stream=stream, fmt="json")
+    try:
+        observer = LoggingObserver()
+        observer(Scheduled("c", "p", "oauth_client", T0))
+        observer(Published("c", "p", "oauth_client", T0, T0 + 60))
+    finally:
+        logging.getLogger().handlers.clear()
+        structlog.reset_defaults()
+    events = [json.loads(text)["event"] for text in stream.getvalue().splitlines()]
+    assert events == (["credential.scheduled"] if logged else []) + ["credential.published"]

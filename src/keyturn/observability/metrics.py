@@ -188,6 +188,7 @@ _FIELDS = {
     c.FAILURES.name: "failures",
     c.ROTATE_AFTER.name: "rotate_after",
 }
+_GAUGE_OF = {field: gauge for gauge, field in _FIELDS.items()}
 _PROCESS_SPECS = (c.VAULT_TOKEN_EXPIRY, c.VAULT_AUTHENTICATED, c.HEARTBEAT)
 _STATE_SPECS = (*_CREDENTIAL_SPECS, *_PROCESS_SPECS)
 
@@ -230,11 +231,11 @@ class _CredentialLines:
             self._ready[name] = (f"{ready}0.0\n".encode(), f"{ready}1.0\n".encode())
         else:
             labels = self._labels[name]
-        for gauge, field in _FIELDS.items():
-            if fields is None or field in fields:
-                value = getattr(m, field)
-                line = b"" if value is None else f"{gauge}{labels} {_number(value)}\n".encode()
-                self._lines[gauge][name] = line
+        for field in _FIELDS.values() if fields is None else fields:
+            gauge = _GAUGE_OF[field]
+            value = getattr(m, field)
+            line = b"" if value is None else f"{gauge}{labels} {_number(value)}\n".encode()
+            self._lines[gauge][name] = line
 
     def remove(self, name: str) -> None:
         if self._labels.pop(name, None) is not None:
