@@ -18,16 +18,14 @@ from pydantic.fields import FieldInfo
 
 from keyturn.config.fields import Check
 from keyturn.config.schema import (
+    CREDENTIAL_KINDS,
     Config,
-    CredentialKind,
     Entries,
     ForKind,
     NotAKey,
     Via,
     fields_of,
 )
-
-CREDENTIAL_KINDS = frozenset(get_args(CredentialKind))
 
 
 @dataclass(frozen=True)

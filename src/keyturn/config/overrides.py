@@ -70,9 +70,13 @@ class Overrides:
         self._sections: dict[str, str] = {}  # KEYTURN_PROVIDERS_ -> "provider"
         # Entries no variable names: walked only to explain a variable that sets nothing.
         self._unnamed: list[tuple[dict[str, Any], Node, str, Loc]] = []
+        self._ours = sorted(var for var in environ if var.startswith(f"{ENV_PREFIX}_"))
+
+    def _named(self, prefix: str) -> bool:
+        """Whether some variable sets a key under `prefix` (an entry or a table)."""
+        return any(var.startswith(prefix + "_") for var in self._ours)
 
     def apply(self, data: dict[str, Any]) -> None:
-        ours = [var for var in self.environ if var.startswith(f"{ENV_PREFIX}_")]
         for key, info in keys(Config).items():
             here, prefix = field_node(info), f"{ENV_PREFIX}_{env_name(key)}"
             if here.entries is not None and here.item is not None:
@@ -83,13 +87,13 @@ class Overrides:
                     item_prefix = f"{prefix}_{env_name(name)}"
                     loc: Loc = (key, index)
                     entry = (data[key][index], here.item, item_prefix, loc)
-                    if any(var.startswith(item_prefix + "_") for var in ours):
+                    if self._named(item_prefix):
                         self._table(*entry, True)
                     else:  # 10,000 credentials and no variable: 1.5 s of every start saved
                         self._unnamed.append(entry)
             elif isinstance(data.get(key), dict):
                 self._table(data[key], here, prefix, (key,))
-        unknown = [v for v in sorted(ours) if is_override(v) and v not in self._consumed]
+        unknown = [v for v in self._ours if is_override(v) and v not in self._consumed]
         if unknown:
             for entry in self._unnamed:  # sets nothing: no variable names these entries
                 self._table(*entry, True)
@@ -131,7 +135,7 @@ class Overrides:
         value = table.get(key)
         if isinstance(value, dict):
             self._table(value, here, prefix, (*loc, key))
-        elif value is None and (defaulted or any(v.startswith(prefix + "_") for v in self.environ)):
+        elif value is None and (defaulted or self._named(prefix)):
             created: dict[str, Any] = {}
             self._table(created, here, prefix, (*loc, key))
             if created:

@@ -102,6 +102,7 @@ ExternalChangeResponse = Literal["republish", "alert"]
 TokenRequest = Literal["json", "form"]
 ClientAuth = Literal["body", "basic"]
 CredentialKind = Literal["oauth_client", "api_key"]
+CREDENTIAL_KINDS = frozenset(get_args(CredentialKind))
 RotatorType = Literal["http", "exec", "manual"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
@@ -899,7 +900,7 @@ class CredentialConfig(Table):
         if kind is None:
             found.append(InitErrorDetails(type="missing", loc=("kind",), input=data))
         fields, rules = _kind_rules_of_credentials()
-        for key, rule in rules if kind in get_args(CredentialKind) else []:
+        for key, rule in rules if kind in CREDENTIAL_KINDS else []:
             if rule.only not in (None, kind) and key in data:
                 why = f'not allowed for kind "{kind}"{_NOT_FOR[str(kind)]}'
                 found.append(_problem(key, f'{why}; expected it only with kind = "{rule.only}"'))
