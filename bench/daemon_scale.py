@@ -2,7 +2,7 @@
 
     python bench/daemon_scale.py [--credentials 10000] [--lifetime S] [--steady 60]
         [--idle S] [--idle-delay S] [--concurrency 64] [--vault-concurrency 16]
-        [--provider-connections C] [--probe] [--cold-only] [--workdir DIR]
+        [--provider-connections C] [--probe] [--cold-starts 3] [--cold-only] [--workdir DIR]
 
 Everything runs on loopback: `bao server -dev` (in-memory storage) and `keyturn sandbox`, as
 subprocesses. Setup registers N OAuth apps through the sandbox's admin API and stores each
@@ -15,9 +15,13 @@ stdout, progress on stderr), after the machine's load average when it starts:
    every credential's `publish_to` path exists in Vault (one KV `LIST` per second, every
    0.1 s after 95 %), next to a minimal concurrent script doing the same N token requests
    and N KV v2 writes in the same run (httpx `AsyncClient` for `POST /oauth/token`, hvac on
-   a thread pool for the write; no scheduling, no state, no checks), as a ratio. The script
-   runs twice (before the cold start, and while the restarted daemon idles before its first
-   refresh, or after the steady phase); the ratio is against the mean, each round shown.
+   a thread pool for the write; no scheduling, no state, no checks), as a ratio. keyturn
+   cold-starts `--cold-starts` times (default 3; each earlier one with its own state and
+   publish prefixes, stopped once all is published), and the script runs before each cold
+   start and once after the last (while the restarted daemon idles before its first refresh,
+   or after the steady phase): each cold start's ratio is against the mean of the rounds
+   before and after it, and the ratio shown is their median, each one shown. The last cold
+   start's daemon goes on to the phases below.
    CPU time per credential of the daemon or script, OpenBao and the sandbox (from /proc)
    shows where the work goes;
 2. peak RSS of the daemon process (`VmHWM` from /proc: the daemon alone, not this harness);
@@ -281,7 +285,15 @@ async def setup(
 
 
 def write_config(
-    args: argparse.Namespace, workdir: Path, vault_address: str, token_file: Path, base_url: str
+    args: argparse.Namespace,
+    workdir: Path,
+    vault_address: str,
+    token_file: Path,
+    base_url: str,
+    *,
+    name: str = "keyturn.toml",
+    publish: str = PUBLISHED,
+    state_prefix: str = "keyturn/state",
 ) -> Path:
     probe = 'probe = "/v1/projects"\n' if args.probe else ""
     connections = (
@@ -291,10 +303,11 @@ def write_config(
 [keyturn]
 instance_id = "bench"
 log_level = "warning"
+state_prefix = "{state_prefix}"
 max_concurrency = {args.concurrency}
 vault_concurrency = {args.vault_concurrency}
 """
-    path = workdir / "keyturn.toml"
+    path = workdir / name
     path.write_text(
         header
         + service_tables(
@@ -302,7 +315,7 @@ vault_concurrency = {args.vault_concurrency}
             token_file,
             base_url,
             args.credentials,
-            PUBLISHED,
+            publish,
             provider_extra=connections,
             credential_extra=probe,
         )
@@ -461,8 +474,10 @@ class Daemon:
         return report
 
 
-async def wait_published(vault: Vault, count: int, daemon: Daemon, timeout: float) -> float:
-    """Seconds from the daemon's spawn until `count` paths exist under PUBLISHED.
+async def wait_published(
+    vault: Vault, count: int, daemon: Daemon, timeout: float, prefix: str = PUBLISHED
+) -> float:
+    """Seconds from the daemon's spawn until `count` paths exist under `prefix`.
 
     One LIST per second (a LIST of 10,000 keys is not free for OpenBao), every 0.1 s once
     95 % are there, so the figure is within ~0.1 s without loading Vault during the run.
@@ -470,7 +485,7 @@ async def wait_published(vault: Vault, count: int, daemon: Daemon, timeout: floa
     deadline = time.monotonic() + timeout
     last_report = 0.0
     while time.monotonic() < deadline:
-        seen = await vault.count(PUBLISHED)
+        seen = await vault.count(prefix)
         now = time.perf_counter()
         if seen >= count:
             return now - daemon.started
@@ -596,6 +611,40 @@ async def bench(
             lifetime = f"{args.lifetime} s (10 x baseline round 1, at least 200 s)"
         rows.insert(1, ("token lifetime (sandbox)", lifetime))
 
+        # The cold starts before the last one, each followed by a baseline round: every cold
+        # start sits between two rounds of the script (see `ratio_rows`).
+        colds: list[float] = []
+        for r in range(1, args.cold_starts):
+            log(f"keyturn cold start {r} of {args.cold_starts} (its own prefixes)")
+            before = servers_cpu()
+            daemon = spawn(
+                write_config(
+                    args,
+                    workdir,
+                    vault.address,
+                    token_file,
+                    sandbox.base_url,
+                    name=f"keyturn-cold{r}.toml",
+                    publish=f"{PUBLISHED}-cold{r}",
+                    state_prefix=f"keyturn/state-cold{r}",
+                )
+            )
+            seconds = await wait_published(kv, n, daemon, DEADLINE_SLACK, f"{PUBLISHED}-cold{r}")
+            after, daemon_cpu = servers_cpu(), cpu_seconds(daemon.pid)
+            daemon.stop()
+            colds.append(seconds)
+            log(f"cold start {r}: all {n} published {seconds:.1f}s after spawn")
+            rows.append(
+                (
+                    f"{EARLIER_COLD_START}{r} of {args.cold_starts}",
+                    f"{seconds:.2f} s; CPU ms/credential: daemon {ms_per(daemon_cpu, n)}, "
+                    f"OpenBao {ms_per(after[0] - before[0], n)}, sandbox "
+                    f"{ms_per(after[1] - before[1], n)}; "
+                    f"{machine(before, after, daemon_cpu, seconds)}",
+                )
+            )
+            await baseline_round()
+
         async def idle_phase(again: dict[str, Any], metrics_url: str) -> None:
             """The restarted daemon with every token valid: its CPU, Vault calls and token
             requests over `--idle` seconds, once its Vault calls have stopped (a start-up
@@ -686,13 +735,14 @@ async def bench(
                     )
                 )
 
-        log("keyturn cold start")
+        log("keyturn cold start" + (f" {args.cold_starts} of {args.cold_starts}" if colds else ""))
         tokens_before = await token_requests(admin)
         cpu_before = servers_cpu()
         bao2, sb2, me2, all2 = cpu_before
         daemon = spawn(config)
         started_event = daemon.wait_for("started")
         cold = await wait_published(kv, n, daemon, DEADLINE_SLACK)
+        colds.append(cold)
         bao3, sb3, me3, all3 = servers_cpu()
         cold_cpu = cpu_seconds(daemon.pid)
         cold_others = (all3 - all2) - cold_cpu - (bao3 - bao2) - (sb3 - sb2) - (me3 - me2)
@@ -766,7 +816,8 @@ async def bench(
             ]
         daemon.stop()
         if args.cold_only:
-            return report(baseline_rows(rows, rounds, cold, n), 0)
+            await baseline_round()
+            return report(baseline_rows(rows, rounds, colds, n), 0)
 
         log("restart while every token is still valid")
         tokens_before = await token_requests(admin)
@@ -830,10 +881,10 @@ async def bench(
             )
             steady_rss = proc_status(daemon.pid, "VmHWM")
             daemon.stop()
-            if len(rounds) < 2:
+            if len(rounds) <= len(colds):
                 await baseline_round()
             rows.append(("peak RSS (VmHWM), restarted daemon", f"{steady_rss / 2**20:.0f} MiB"))
-            return report(baseline_rows(rows, rounds, cold, n), 0 if restart_tokens == 0 else 1)
+            return report(baseline_rows(rows, rounds, colds, n), 0 if restart_tokens == 0 else 1)
         if wait > base_seconds + 10:
             # The second baseline round uses the idle time before the first refresh is due
             # (the restarted daemon sits idle); else it runs after the steady phase.
@@ -861,7 +912,7 @@ async def bench(
         steady_tokens = await token_requests(admin) - tokens_before
         steady_rss = proc_status(daemon.pid, "VmHWM")
         final = daemon.stop()
-        if len(rounds) < 2:
+        if len(rounds) <= len(colds):
             await baseline_round()
         if final["lateness_dropped"]:
             raise RuntimeError("the lateness deque overflowed; shorten the steady phase")
@@ -901,7 +952,7 @@ async def bench(
             ),
             ("peak RSS (VmHWM), restarted daemon", f"{steady_rss / 2**20:.0f} MiB"),
         ]
-        return report(baseline_rows(rows, rounds, cold, n), 0 if restart_tokens == 0 else 1)
+        return report(baseline_rows(rows, rounds, colds, n), 0 if restart_tokens == 0 else 1)
     finally:
         for process in (d.process for d in daemons):
             if process.poll() is None:
@@ -920,11 +971,13 @@ Round = tuple[float, float, float, float, float, float]
 def baseline_rows(
     rows: list[tuple[str, str]],
     rounds: list[Round],
-    cold: float,
+    colds: list[float],
     n: int,
 ) -> list[tuple[str, str]]:
-    """The baseline's rows (one per round) and the ratio, placed before keyturn's cold start."""
-    mean = sum(r[0] for r in rounds) / len(rounds)
+    """The baseline's rows (one per round) and the ratio, placed before keyturn's last cold
+    start. Cold start i (from 1) ran between baseline rounds i and i + 1: its ratio is against
+    the mean of those two, so that the machine's drift over a run (the script's rounds have
+    differed by 40 %) weighs on both sides alike; the ratio is the median over cold starts."""
     ours = [
         (
             f"baseline round {i}: token requests + KV writes",
@@ -935,10 +988,27 @@ def baseline_rows(
         )
         for i, (seconds, cpu, bao, sb, others, load) in enumerate(rounds, 1)
     ]
-    each = ", ".join(f"{cold / r[0]:.2f}" for r in rounds)
-    ratio = ("ratio keyturn / baseline (mean)", f"{cold / mean:.2f} (per round: {each})")
-    at = next(i for i, (k, _) in enumerate(rows) if k.startswith("keyturn:"))
-    return [*rows[:at], *ours, rows[at], ratio, *rows[at + 1 :]]
+    ratios = [
+        cold / statistics.mean(r[0] for r in rounds[i : i + 2]) for i, cold in enumerate(colds)
+    ]
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    if len(colds) == 1:
+        detail = "against the mean of the rounds before and after it; per round: " + ", ".join(
+            f"{colds[0] / r[0]:.2f}" for r in rounds[:2]
+        )
+    else:
+        detail = (
+            f"median of {len(colds)} cold starts, each against the mean of the baseline rounds "
+            f"before and after it: {each}"
+        )
+    ratio = ("ratio keyturn / baseline", f"{statistics.median(ratios):.2f} ({detail})")
+    earlier = [row for row in rows if row[0].startswith(EARLIER_COLD_START)]
+    rest = [row for row in rows if not row[0].startswith(EARLIER_COLD_START)]
+    at = next(i for i, (k, _) in enumerate(rest) if k.startswith("keyturn:"))
+    return [*rest[:at], *ours, *earlier, rest[at], ratio, *rest[at + 1 :]]
+
+
+EARLIER_COLD_START = "keyturn cold start "  # the rows of the cold starts before the last
 
 
 SCRAPES = 5
@@ -1182,7 +1252,14 @@ def main() -> int:
         help="the provider's max_connections in keyturn's config (default: keyturn's, 100)",
     )
     parser.add_argument(
-        "--cold-only", action="store_true", help="stop after the cold start (for tuning)"
+        "--cold-starts",
+        type=int,
+        default=3,
+        help="keyturn cold starts, each between two baseline rounds; the ratio is the median "
+        "of theirs (default 3; the last one's daemon goes on to the other phases)",
+    )
+    parser.add_argument(
+        "--cold-only", action="store_true", help="stop after the cold starts (for tuning)"
     )
     parser.add_argument("--probe", action="store_true", help="probe each token before publish")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
@@ -1190,6 +1267,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child is not None:
         return child(args.child)
+    if args.cold_starts < 1:
+        parser.error("--cold-starts must be at least 1")
     # SIGTERM unwinds like Ctrl-C, so OpenBao, the sandbox and the daemon are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.auto_lifetime = args.lifetime is None

@@ -69,3 +69,44 @@ def test_calls_split_divides_the_delta_by_operation_and_names_failures(
 
 def test_calls_split_without_anything_to_divide_by(bench: ModuleType) -> None:
     assert bench.calls_split({}, {("read", "success"): 1.0}, 0).startswith("n/a")
+
+
+def test_each_cold_start_is_compared_with_the_rounds_around_it(bench: ModuleType) -> None:
+    rows = [
+        ("credentials", "1000"),
+        ("keyturn cold start 1 of 2", "15 s"),
+        ("keyturn: spawn -> all published", "30 s"),
+        ("after", ""),
+    ]
+    # Rounds of 10, 20 and 30 s; cold start 1 between the first two, cold start 2 after.
+    rounds = [(seconds, 1.0, 0.5, 0.5, 0.0, 1.0) for seconds in (10.0, 20.0, 30.0)]
+
+    shown = bench.baseline_rows(rows, rounds, [15.0, 30.0], 1000)
+
+    names = [name for name, _ in shown]
+    assert names == [
+        "credentials",
+        "baseline round 1: token requests + KV writes",
+        "baseline round 2: token requests + KV writes",
+        "baseline round 3: token requests + KV writes",
+        "keyturn cold start 1 of 2",
+        "keyturn: spawn -> all published",
+        "ratio keyturn / baseline",
+        "after",
+    ]
+    # 15 / mean(10, 20) = 1.00 and 30 / mean(20, 30) = 1.20: the median is 1.10.
+    assert dict(shown)["ratio keyturn / baseline"] == (
+        "1.10 (median of 2 cold starts, each against the mean of the baseline rounds before "
+        "and after it: 1.00, 1.20)"
+    )
+
+
+def test_one_cold_start_shows_its_ratio_to_each_round(bench: ModuleType) -> None:
+    rows = [("keyturn: spawn -> all published", "30 s")]
+    rounds = [(seconds, 1.0, 0.5, 0.5, 0.0, 1.0) for seconds in (20.0, 30.0)]
+
+    shown = dict(bench.baseline_rows(rows, rounds, [30.0], 1000))
+
+    assert shown["ratio keyturn / baseline"] == (
+        "1.20 (against the mean of the rounds before and after it; per round: 1.50, 1.00)"
+    )
