@@ -327,6 +327,13 @@ class CredentialScheduler:
     async def _fire_periodic(self, name: str) -> None:
         try:
             delay = await self._periodic[name]()
+        except asyncio.CancelledError:
+            if self._accepting:
+                raise
+            # The daemon is stopping (`shutdown` cancels housekeeping in progress, e.g. a
+            # sweep, which has nothing to finish): not an error for the log.
+            self._log.info("periodic.stopped", job=name)
+            return
         except Exception as exc:
             self._log.exception("periodic.failed", job=name, error=type(exc).__name__)
             delay = 30.0

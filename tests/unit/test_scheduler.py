@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
+
+from structlog.testing import capture_logs
 
 from keyturn.clock import SystemClock
 from keyturn.jobs.job import Outcome
@@ -186,3 +189,26 @@ async def test_only_the_share_is_planned_and_a_moved_share_is_followed() -> None
     assert jobs["a"].runs <= runs_of_a + 1  # at most the run in progress when it left
     assert scheduler.owned == frozenset({"b", "c"})
     assert scheduler.status_of("a") is not None and scheduler.status_of("a").next_due is None
+
+
+async def test_housekeeping_cut_by_shutdown_is_no_error(caplog) -> None:
+    """A sweep still going when the daemon stops is cancelled: nothing is logged as an error
+    (APScheduler logs a cancelled job as one that raised)."""
+    started = asyncio.Event()
+
+    async def sweep() -> float:
+        started.set()
+        await asyncio.sleep(3600)
+        return 300.0
+
+    scheduler = CredentialScheduler([], clock=CLOCK)
+    scheduler.add_periodic("watch", sweep)
+    scheduler.start()
+    await asyncio.wait_for(started.wait(), 5)
+    with capture_logs() as logs:
+        await scheduler.shutdown(timeout=5)
+        await asyncio.sleep(0.05)  # the cancelled job's task ends
+
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
+    assert {"event": "periodic.stopped", "job": "watch", "log_level": "info"} in logs
