@@ -629,8 +629,11 @@ async def bench(
                     state_prefix=f"keyturn/state-cold{r}",
                 )
             )
+            metrics = daemon.wait_for("started")["metrics_url"]
             seconds = await wait_published(kv, n, daemon, DEADLINE_SLACK, f"{PUBLISHED}-cold{r}")
             after, daemon_cpu = servers_cpu(), cpu_seconds(daemon.pid)
+            daemon.wait_for("first_runs_done")
+            calls = await scrape_vault_calls(metrics)
             daemon.stop()
             colds.append(seconds)
             log(f"cold start {r}: all {n} published {seconds:.1f}s after spawn")
@@ -640,7 +643,8 @@ async def bench(
                     f"{seconds:.2f} s; CPU ms/credential: daemon {ms_per(daemon_cpu, n)}, "
                     f"OpenBao {ms_per(after[0] - before[0], n)}, sandbox "
                     f"{ms_per(after[1] - before[1], n)}; "
-                    f"{machine(before, after, daemon_cpu, seconds)}",
+                    f"{machine(before, after, daemon_cpu, seconds)}; Vault calls per "
+                    f"credential {calls_split({}, calls, n)}",
                 )
             )
             await baseline_round()
