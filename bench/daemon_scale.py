@@ -97,6 +97,7 @@ import hvac
 import requests
 from requests.adapters import HTTPAdapter
 
+from keyturn.providers.http import LANE_CONNECTIONS
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
@@ -1019,7 +1020,7 @@ SCRAPES = 5
 # The baseline script run once more with this many pooled connections (keyturn's lane size):
 # httpcore's cost per request grows with its pool, and the ratio's script keeps one connection
 # per concurrent request, as a user of httpx would.
-SMALL_POOL = 8
+SMALL_POOL = LANE_CONNECTIONS
 SETTLE_STILL = 2.0  # the idle window opens once the daemon made no Vault call for this long
 SETTLE_MAX = 60.0  # ... or after this, whatever it does
 

@@ -51,10 +51,11 @@ _CODING_NAME = re.compile(r"[A-Za-z0-9._+-]{1,32}")
 
 
 # Connections per pool. httpcore walks every connection of a pool, and every queued request
-# against every connection, on each request and each release (encode/httpcore#1035, open in
-# 1.0.9): one pool of 100 connections with 64 requests in flight costs ~4 ms of CPU per
-# request on loopback, pools of 8 ~1 ms (docs/performance.md).
-LANE_CONNECTIONS = 8
+# against every connection, on each request and each release, polling each idle socket
+# (encode/httpcore#1035, open in 1.0.9): one pool of 100 connections with 64 requests in
+# flight costs ~4 ms of CPU per request on loopback, pools of 8 0.85-1.4 ms, pools of 4
+# 0.65-1.1 ms (pools of 2 no less; docs/performance.md).
+LANE_CONNECTIONS = 4
 
 
 class ProviderHttp:
