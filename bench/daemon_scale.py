@@ -613,7 +613,7 @@ async def bench(
         rows.insert(1, ("token lifetime (sandbox)", lifetime))
 
         # The cold starts before the last one, each followed by a baseline round: every cold
-        # start sits between two rounds of the script (see `ratio_rows`).
+        # start sits between two rounds of the script (see `baseline_rows`).
         colds: list[float] = []
         for r in range(1, args.cold_starts):
             log(f"keyturn cold start {r} of {args.cold_starts} (its own prefixes)")
