@@ -205,9 +205,9 @@ async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lo
 async def test_max_connections_over_several_lanes_is_the_cap_on_requests_in_flight(
     server: HostileServer,
 ) -> None:
-    """`max_connections = 11` is two lanes (6 + 5): eleven requests the server never answers
-    are all sent at once, on eleven connections, and a twelfth waits for a connection until
-    its deadline, unsent."""
+    """`max_connections = 11` is three lanes (4 + 4 + 3): eleven requests the server never
+    answers are all sent at once, on eleven connections, and a twelfth waits for a connection
+    until its deadline, unsent."""
     server.handler = server.never_answer
     http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=11)
 
