@@ -95,7 +95,8 @@ class ProviderUnavailable(ProviderError):
     `status`: the HTTP status when one was received (5xx), else None. `retry_after`: seconds
     from a valid Retry-After on that answer, else None. `answer_lost`: True when the request
     may have reached the provider and been processed but no complete answer was read (read or
-    write time-out, the total deadline expiring once the request started to leave, the server
+    write time-out, the total deadline expiring once the request started to leave, or for a
+    request other than a refresh token grant, which is not traced, expiring at all; the server
     closing the connection); False when it certainly never left (connection refused, connect
     or pool time-out) or when a status was received. A token request whose answer was lost
     may have consumed a rotated refresh token.

@@ -159,7 +159,9 @@ async def test_a_request_that_gets_no_answer_times_out_as_answer_lost(
     assert server.requests == 1
 
 
-async def send_token_request(http: ProviderHttp, deadline: float) -> object:
+async def send_token_request(
+    http: ProviderHttp, deadline: float, *, track_sending: bool = True
+) -> object:
     """A token request through `send_bounded` for credential "reporting", within `deadline`."""
 
     def oversized(description: str) -> MalformedResponse:
@@ -173,6 +175,7 @@ async def send_token_request(http: ProviderHttp, deadline: float) -> object:
         credential="reporting",
         oversized=oversized,
         deadline=deadline,
+        track_sending=track_sending,
     )
 
 
@@ -195,6 +198,29 @@ async def test_a_deadline_spent_waiting_for_a_pooled_connection_is_not_answer_lo
         assert str(caught.value) == "reporting: /oauth/token: timed out after 0.5s"
         assert caught.value.answer_lost is False
         assert server.requests == 1
+        holder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await holder
+    finally:
+        await http.aclose()
+
+
+async def test_untraced_a_deadline_spent_waiting_for_a_connection_may_have_been_sent(
+    server: HostileServer,
+) -> None:
+    """Without httpcore's trace (`track_sending=False`: every request but a refresh token
+    grant), a request whose deadline expires before an answer cannot tell a wait for the pool
+    from a lost answer, and says the provider may have it."""
+    server.handler = server.never_answer
+    http = ProviderHttp(base_url=server.url, timeout=30.0, max_connections=1)
+    try:
+        holder = asyncio.create_task(send_token_request(http, 30.0))
+        await asyncio.wait_for(server.request_read.wait(), 10)
+        with pytest.raises(ProviderUnavailable) as caught:
+            await send_token_request(http, 0.5, track_sending=False)
+        assert str(caught.value) == "reporting: /oauth/token: timed out after 0.5s"
+        assert caught.value.answer_lost is True
+        assert server.requests == 1  # it never left: the conservative answer, not the truth
         holder.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await holder

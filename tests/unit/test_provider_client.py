@@ -588,6 +588,29 @@ async def test_answer_lost_follows_how_far_the_request_got(
     assert caught.value.status is None
 
 
+async def test_only_a_refresh_token_grant_is_traced_to_tell_a_lost_answer() -> None:
+    """httpcore's trace (how far a request got) costs CPU on every request; only a refresh
+    token grant needs it (a refresh token that may have been used is burned)."""
+    traced: dict[str, bool] = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        grant = json.loads(request.content)["grant_type"]
+        traced[grant] = "trace" in request.extensions
+        return ok({"access_token": "at", "token_type": "Bearer", "expires_in": 60})
+
+    client = make_client(handler, token_request="json")
+    await request(client)
+    await client.request_token(
+        "r",
+        grant_type="refresh_token",
+        client_id="c",
+        client_secret=SECRET,
+        refresh_token=Secret("rt-1"),
+    )
+
+    assert traced == {"client_credentials": False, "refresh_token": True}
+
+
 async def test_a_status_received_is_not_an_answer_lost() -> None:
     with pytest.raises(ProviderUnavailable) as caught:
         await request(make_client(lambda _: httpx.Response(502)))

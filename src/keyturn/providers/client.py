@@ -94,7 +94,9 @@ class ProviderClient:
             request = self._build(credential, "POST", path, json=fields, headers=headers)
         else:
             request = self._build(credential, "POST", path, data=fields, headers=headers)
-        status, response_headers, body = await self._send(request, credential)
+        status, response_headers, body = await self._send(
+            request, credential, track_sending=grant_type == "refresh_token"
+        )
         if 200 <= status < 300:
             return parse_token_response(body, credential)
         self._raise_for(
@@ -193,8 +195,11 @@ class ProviderClient:
             ) from None
 
     async def _send(
-        self, request: httpx.Request, credential: str
+        self, request: httpx.Request, credential: str, *, track_sending: bool = False
     ) -> tuple[int, httpx.Headers, bytes]:
+        """`track_sending`: whether a lost answer must be told from a request that never left
+        (`ProviderUnavailable.answer_lost`): only a refresh token grant needs it (a refresh
+        token that may have been used is burned); see `send_bounded`."""
         if self._bucket is not None:
             await self._bucket.acquire()
 
@@ -209,6 +214,7 @@ class ProviderClient:
             credential=credential,
             oversized=oversized,
             deadline=self.provider.timeout,
+            track_sending=track_sending,
         )
 
     def _raise_for(

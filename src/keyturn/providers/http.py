@@ -157,7 +157,9 @@ def _retry_after_text(header: str | None, retry_after: float | None) -> str:
 
 @dataclass(slots=True)
 class _Progress:
-    """How far one request got, from httpcore's `trace` extension and from send()."""
+    """How far one request got, from httpcore's `trace` extension and from send(). Without
+    the trace (`send_bounded(track_sending=False)`), a request handed to httpx counts as
+    possibly sent."""
 
     sending: bool = False  # the request line/headers started to leave
     answered: bool = False  # a status line and headers were read
@@ -187,6 +189,7 @@ async def send_bounded(
     credential: str,
     oversized: Callable[[str], KeyturnError],
     deadline: float | None = None,
+    track_sending: bool = True,
 ) -> tuple[int, httpx.Headers, bytes]:
     """Send `request` and read at most `limit` decoded bytes of the answer, all within `deadline`.
 
@@ -200,10 +203,16 @@ async def send_bounded(
     received the request and its answer was lost. A body keyturn refuses (longer than `limit`
     on the wire or decoded, an encoding other than gzip/deflate, corrupt compressed data)
     raises `oversized(description)`.
+
+    `track_sending=False` leaves httpcore's trace off (it costs 0.07-0.2 ms of CPU per
+    request, docs/performance.md) for a request whose `answer_lost` nobody reads: one whose
+    total deadline expires before an answer then says the provider may have it, even when the
+    deadline was spent waiting for a pooled connection.
     """
     total = deadline if deadline is not None else http.timeout.read
-    progress = _Progress()
-    progress.follow(request)
+    progress = _Progress(sending=not track_sending)  # untracked: maybe sent, once handed over
+    if track_sending:
+        progress.follow(request)
     try:
         async with asyncio.timeout(total):
             with http.lane() as lane:
