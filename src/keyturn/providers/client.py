@@ -127,7 +127,7 @@ class ProviderClient:
         fields = {"token": token.reveal(), "token_type_hint": token_type_hint}
         headers = self._client_auth(fields, client_id, client_secret)
         request = self._build(credential, "POST", path, data=fields, headers=headers)
-        status, response_headers, body = await self._send(request, credential)
+        status, response_headers, body = await self._send(request, credential, track_sending=False)
         if 200 <= status < 300:
             return True
         self._raise_for(
@@ -155,7 +155,7 @@ class ProviderClient:
                 credential=credential,
             )
         request = self._build(credential, "GET", path, headers={"Authorization": value})
-        status, headers, _body = await self._send(request, credential)
+        status, headers, _body = await self._send(request, credential, track_sending=False)
         raise_if_transient(
             status, headers, now=self._clock.time(), where=path, credential=credential
         )
@@ -195,7 +195,7 @@ class ProviderClient:
             ) from None
 
     async def _send(
-        self, request: httpx.Request, credential: str, *, track_sending: bool = False
+        self, request: httpx.Request, credential: str, *, track_sending: bool
     ) -> tuple[int, httpx.Headers, bytes]:
         """`track_sending`: whether a lost answer must be told from a request that never left
         (`ProviderUnavailable.answer_lost`): only a refresh token grant needs it (a refresh
