@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import socket
+import ssl
 import threading
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from keyturn.vault.client import (
     session_verify,
 )
 from keyturn.vault.session import DirectSession
+from keyturn_devkit.dev.tls import make_throwaway_pki
 
 
 def test_a_configured_ca_cert_wins_over_the_environment() -> None:
@@ -166,13 +168,15 @@ class OneShotServer:
     each: answer, say nothing, hang up after reading the request, or answer with bytes that
     are not TLS."""
 
-    def __init__(self, behaviour: str) -> None:
+    def __init__(self, behaviour: str, tls: ssl.SSLContext | None = None) -> None:
         self.behaviour = behaviour
+        self.tls = tls
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(8)
         self.port = self.listener.getsockname()[1]
         self.open: list[socket.socket] = []
+        self.answered = threading.Semaphore(0)  # released per connection closed after answering
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -183,6 +187,12 @@ class OneShotServer:
             except OSError:
                 return
             self.open.append(connection)
+            if self.tls is not None:
+                try:
+                    connection = self.tls.wrap_socket(connection, server_side=True)
+                    self.open[-1] = connection
+                except OSError:
+                    continue  # the client refused the certificate
             if self.behaviour == "not_tls":
                 connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
                 continue
@@ -194,19 +204,28 @@ class OneShotServer:
                 request += chunk
             if self.behaviour == "hang_up":
                 connection.close()
-            elif self.behaviour == "answer":
+            elif self.behaviour in ("answer", "answer_then_close"):
                 body = b'{"data": {"version": 7}}'
                 connection.sendall(
                     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                     + b"X-Vault-Index: abc\r\nContent-Length: %d\r\n\r\n" % len(body)
                     + body
                 )
+                if self.behaviour == "answer_then_close":
+                    connection.close()  # an idle keep-alive connection the server let go
+                    self.answered.release()
             # "silent": read the request, never answer
 
     def close(self) -> None:
         self.listener.close()
         for connection in self.open:
             connection.close()
+
+
+def requests_type(error: BaseException) -> type:
+    """The requests exception class `error` is (keyturn's `ConnectionNotMade` is requests'
+    `ConnectionError`, told apart)."""
+    return next(c for c in type(error).__mro__ if c.__module__.startswith("requests."))
 
 
 def _free_port() -> int:
@@ -216,7 +235,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("situation", ["refused", "silent", "hang_up", "not_tls"])
-def test_a_call_sent_straight_to_the_pool_fails_as_one_sent_through_requests(
+def test_a_call_sent_the_direct_way_fails_as_one_sent_through_requests(
     situation: str,
 ) -> None:
     """The direct path's errors are requests' own types, and a call that never reached Vault
@@ -240,12 +259,12 @@ def test_a_call_sent_straight_to_the_pool_fails_as_one_sent_through_requests(
     finally:
         if server is not None:
             server.close()
-    assert direct._pools  # the call went straight to the pool
-    assert type(errors[0]) is type(errors[1])
+    assert direct._nodes  # the call went the direct way
+    assert requests_type(errors[0]) is requests_type(errors[1])
     assert not_sent(errors[0]) == not_sent(errors[1]) == (situation == "refused")
 
 
-def test_an_answer_straight_from_the_pool_reads_as_requests_would_give_it() -> None:
+def test_an_answer_the_direct_way_reads_as_requests_would_give_it() -> None:
     server = OneShotServer("answer")
     session = DirectSession()
     session.trust_env = False
@@ -254,12 +273,76 @@ def test_an_answer_straight_from_the_pool_reads_as_requests_would_give_it() -> N
         url = f"http://127.0.0.1:{server.port}/v1/secret/data/apps/x"
         direct = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
         through = requests.post(url, json={"data": {"k": "v"}}, timeout=2)
+        kept = sum(len(stack) for stack in session._idle.values())
     finally:
+        session.close()
         server.close()
-    assert session._pools
+    assert kept == 1  # the connection is kept open for the next call
+    assert not session._idle  # and closed with the session
     assert direct.status_code == through.status_code == 200
     assert direct.ok and direct.reason == through.reason
     assert direct.json() == through.json() == {"data": {"version": 7}}
     assert direct.headers["x-vault-index"] == through.headers["X-Vault-Index"] == "abc"
     assert direct.encoding == through.encoding
     assert direct.url == through.url
+
+
+def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
+    """Vault (or a load balancer) may close a kept-open connection between two calls: the next
+    call sees it closed and opens a new one instead of failing on the dead one."""
+    server = OneShotServer("answer_then_close")
+    session = DirectSession()
+    session.trust_env = False
+    session.mount("http://", HTTPAdapter(max_retries=0))
+    url = f"http://127.0.0.1:{server.port}/v1/secret/data/apps/x"
+    try:
+        first = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
+        assert server.answered.acquire(timeout=5)  # the server has closed that connection
+        second = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
+    finally:
+        session.close()
+        server.close()
+    assert first.json() == second.json() == {"data": {"version": 7}}
+    assert len(server.open) == 2  # the second call came over a new connection
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_the_direct_way_checks_vaults_certificate_as_requests_does(
+    trusted: bool, tmp_path: Path
+) -> None:
+    """Over HTTPS the direct way trusts what `verify` names, as requests does: the CA file
+    given (the answer reads the same), or requests' own bundle, which does not know a private
+    CA (the same `SSLError`, and never "not sent")."""
+    pki = make_throwaway_pki(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.cert, pki.key)
+    server = OneShotServer("answer", tls=context)
+    url = f"https://127.0.0.1:{server.port}/v1/secret/data/apps/x"
+    verify: str | bool = str(pki.ca_cert) if trusted else True
+    direct = DirectSession()
+    direct.trust_env = False
+    direct.mount("https://", HTTPAdapter(max_retries=0))
+    plain = requests.Session()
+    plain.trust_env = False
+    outcomes: list[requests.Response | BaseException] = []
+    try:
+        for session in (direct, plain):
+            try:
+                outcomes.append(
+                    session.request("POST", url, json={"k": "v"}, timeout=2, verify=verify)
+                )
+            except requests.RequestException as error:
+                outcomes.append(error)
+    finally:
+        direct.close()
+        plain.close()
+        server.close()
+    assert direct._nodes  # the call went the direct way
+    if trusted:
+        answers = [o for o in outcomes if isinstance(o, requests.Response)]
+        assert [a.json() for a in answers] == [{"data": {"version": 7}}] * 2
+    else:
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(errors) == 2
+        assert requests_type(errors[0]) is requests_type(errors[1]) is requests.exceptions.SSLError
+        assert not not_sent(errors[0]) and not not_sent(errors[1])

@@ -60,7 +60,7 @@ from keyturn.errors import (
 )
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
-from keyturn.vault.session import DirectSession
+from keyturn.vault.session import ConnectionNotMade, DirectSession
 from keyturn.vault.store import validate_path
 
 T = TypeVar("T")
@@ -273,7 +273,7 @@ def operation_result(error: BaseException) -> VaultResult:
 def not_sent(exc: BaseException | None) -> bool:
     """Whether a failed call surely never reached Vault (no connection was made), so it may be
     sent to another node even if it was a write."""
-    if isinstance(exc, requests.ConnectTimeout):
+    if isinstance(exc, (requests.ConnectTimeout, ConnectionNotMade)):
         return True
     if not isinstance(exc, requests.ConnectionError):
         return False
@@ -372,7 +372,7 @@ class VaultClient:
         self.connection = connection
         self.on_operation: OnOperation = on_operation or _ignore
         self._clock: Clock = clock or SystemClock()
-        self._session = DirectSession()
+        self._session = DirectSession(max_idle=connection.max_workers)
         pool = adapter or HTTPAdapter(
             pool_connections=max(2, len(connection.addresses) + 1),
             pool_maxsize=connection.max_workers,

@@ -13,41 +13,63 @@ hooks, query parameters) takes the full `requests.Session.request` path, and so 
 answered with a redirect: it is sent again that way, and requests follows the redirect.
 
 When the mounted adapter is requests' own `HTTPAdapter`, no proxy applies and the URL needs no
-quoting (keyturn's Vault paths; no query), a plain call goes one step further down: straight to
-the urllib3 connection pool that `HTTPAdapter` keeps for the node (looked up once per node,
-with requests' own TLS settings applied to it once), its body read at once, the answer wrapped
-in a `requests.Response`, and urllib3's errors raised as the `requests` errors
-`HTTPAdapter.send` would raise (`raise_as_requests`). That skips requests' per-call URL
-parsing and quoting, pool and TLS look-ups and streamed body reading: 0.62 against 0.37 to 0.43
-ms of client CPU per KV write, one call at a time on loopback (docs/performance.md).
+quoting (keyturn's Vault paths; no query), a plain call goes one step further down: over a
+connection of the standard library's `http.client`, kept open between calls (a stack of idle
+connections per node, at most `max_idle`; one that the server has closed meanwhile is not
+reused), with requests' own TLS settings (the CA bundle or directory named by `verify`,
+requests' default bundle for `True`, the client `cert`) made into one `ssl.SSLContext` per
+setting. The body is read at once, the answer wrapped in a `requests.Response`, and failures
+raised as the `requests` errors `HTTPAdapter.send` would raise for them, so keyturn's Vault client
+tells a call that never reached Vault (`ConnectionNotMade`) from one that may have. Per KV write,
+64 in flight on 16 threads on loopback: 0.39 to 0.42 ms of client CPU, against 0.50 to 0.56 ms
+through urllib3's pool (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import http.client
 import json as jsonlib
+import os
 import re
+import select
+import socket
+import ssl
+import threading
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
+from urllib.parse import urlsplit
 
 import requests
-import urllib3
-import urllib3.exceptions as u3
 from requests.adapters import HTTPAdapter
 from requests.hooks import default_hooks
 from requests.structures import CaseInsensitiveDict
-from requests.utils import get_encoding_from_headers
+from requests.utils import DEFAULT_CA_BUNDLE_PATH, get_encoding_from_headers
 
 # A URL sent as it is: the node's origin, then a path with nothing to quote and no query.
 _PLAIN_URL = re.compile(r"(https?://[^/?#\s@]+)(/[A-Za-z0-9._~/-]*)")
 
+# How many idle connections to one node are kept open by default (requests' own pool size).
+DEFAULT_MAX_IDLE = 10
+
+
+class ConnectionNotMade(requests.ConnectionError):
+    """No connection to the node could be made (refused, unreachable, no such host): the call
+    surely never reached Vault. requests says the same with urllib3's `NewConnectionError`
+    inside its `ConnectionError`; `keyturn.vault.client.not_sent` knows both."""
+
 
 class DirectSession(requests.Session):
-    """A `requests.Session` whose plain JSON calls skip the session machinery (see module)."""
+    """A `requests.Session` whose plain JSON calls skip the session machinery (see module).
+    `max_idle`: idle connections kept open per node (keyturn: one per Vault thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_idle: int = DEFAULT_MAX_IDLE) -> None:
         super().__init__()
-        # (origin, verify, cert) -> the urllib3 pool of the mounted HTTPAdapter for it
-        self._pools: dict[tuple[Any, ...], Any] = {}
+        self._max_idle = max_idle
+        # (origin, verify, cert) -> (host, port, TLS context or None for http)
+        self._nodes: dict[tuple[Any, ...], tuple[str, int, ssl.SSLContext | None]] = {}
+        self._idle: dict[tuple[Any, ...], list[http.client.HTTPConnection]] = {}
+        self._idle_lock = threading.Lock()
+        self._closed = False
 
     def request(  # type: ignore[override]  # same parameters as requests.Session.request
         self,
@@ -90,7 +112,7 @@ class DirectSession(requests.Session):
         plain = _PLAIN_URL.fullmatch(url)
         adapter = self.get_adapter(url)
         if plain and type(adapter) is HTTPAdapter and not any(all_proxies.values()):
-            response = self._send_to_pool(
+            response = self._send_direct(
                 adapter,
                 method,
                 url,
@@ -126,7 +148,7 @@ class DirectSession(requests.Session):
             return super().request(method, url, **full)
         return response
 
-    def _send_to_pool(
+    def _send_direct(
         self,
         adapter: HTTPAdapter,
         method: str,
@@ -140,9 +162,11 @@ class DirectSession(requests.Session):
         verify: Any,
         cert: Any,
     ) -> requests.Response:
-        """Send through the node's urllib3 pool (see module); answers as `HTTPAdapter` would."""
+        """Send over a kept-open `http.client` connection (see module); answers as
+        `HTTPAdapter` would."""
         merged = CaseInsensitiveDict(self.headers)
         merged.update(headers or {})
+        merged["Accept-Encoding"] = "identity"  # the body is read as it comes: nothing to decode
         body = None
         if json is not None:
             try:
@@ -150,76 +174,154 @@ class DirectSession(requests.Session):
             except ValueError as error:
                 raise requests.exceptions.InvalidJSONError(error) from error
             merged.setdefault("Content-Type", "application/json")
-        if isinstance(timeout, tuple):
-            connect, read = timeout
-        else:
-            connect = read = timeout
-        pool = self._pool(adapter, origin, verify, cert)
+        connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+        key = (origin, verify, cert if not isinstance(cert, list) else tuple(cert))
+        connection = self._reuse(key) or self._connect(key, origin, verify, cert, connect)
         try:
-            raw = pool.urlopen(
-                method=method,
-                url=path,
-                body=body,
-                headers=dict(merged),
-                redirect=False,
-                assert_same_host=False,
-                preload_content=True,
-                decode_content=True,
-                retries=adapter.max_retries,
-                timeout=urllib3.Timeout(connect=connect, read=read),
+            connection.sock.settimeout(read)
+            connection.request(method, path, body=body, headers=dict(merged))
+            answer = connection.getresponse()
+            content = answer.read()
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            raise _as_requests_error(error) from error
+        if answer.getheader("Content-Encoding", "identity").lower() != "identity":
+            connection.close()
+            raise requests.exceptions.ContentDecodingError(
+                "Vault answered with a content encoding though none was accepted"
             )
-        except (u3.HTTPError, OSError) as error:
-            raise_as_requests(error)
+        self._keep(key, connection, answer)
         response = requests.Response()
-        response.status_code = raw.status
-        response.headers = CaseInsensitiveDict(raw.headers)
+        response.status_code = answer.status
+        response.headers = _headers(answer)
         response.encoding = get_encoding_from_headers(response.headers)
-        response.raw = raw
-        response.reason = raw.reason or ""
+        response.reason = answer.reason or ""
         response.url = url
-        response._content = raw.data  # what Response.content would read from `raw`
+        response._content = content  # what Response.content would have read
         response.connection = adapter
         return response
 
-    def _pool(self, adapter: HTTPAdapter, origin: str, verify: Any, cert: Any) -> Any:
-        """The urllib3 pool `adapter` keeps for `origin`, with requests' TLS settings applied
-        as `HTTPAdapter.send` applies them; looked up again once the adapter closed it."""
-        key = (origin, verify, cert if not isinstance(cert, list) else tuple(cert))
-        pool = self._pools.get(key)
-        if pool is None or pool.pool is None:
-            probe = requests.PreparedRequest()
-            probe.prepare_url(origin + "/", None)
-            pool = adapter.get_connection_with_tls_context(probe, verify, proxies=None, cert=cert)
-            adapter.cert_verify(pool, origin + "/", verify, cert)
-            self._pools[key] = pool
-        return pool
+    def _reuse(self, key: tuple[Any, ...]) -> http.client.HTTPConnection | None:
+        """An idle connection to the node that the server has not closed meanwhile (a closed
+        or unexpectedly readable one is dropped, as urllib3 drops it)."""
+        while True:
+            with self._idle_lock:
+                stack = self._idle.get(key)
+                if not stack:
+                    return None
+                connection = stack.pop()
+            if connection.sock is not None and not _readable(connection.sock):
+                return connection
+            connection.close()
 
+    def _keep(
+        self,
+        key: tuple[Any, ...],
+        connection: http.client.HTTPConnection,
+        answer: http.client.HTTPResponse,
+    ) -> None:
+        if not answer.will_close and not self._closed:
+            with self._idle_lock:
+                stack = self._idle.setdefault(key, [])
+                if len(stack) < self._max_idle:
+                    stack.append(connection)
+                    return
+        connection.close()
 
-def raise_as_requests(error: BaseException) -> NoReturn:
-    """Raise the `requests` error that `HTTPAdapter.send` raises for urllib3's `error`, so a
-    call sent straight to the pool fails as one sent through requests (keyturn's Vault client
-    tells a call that never reached Vault by these types)."""
-    if isinstance(error, u3.MaxRetryError):
-        reason = error.reason
-        if isinstance(reason, u3.ConnectTimeoutError) and not isinstance(
-            reason, u3.NewConnectionError
-        ):
+    def _connect(
+        self, key: tuple[Any, ...], origin: str, verify: Any, cert: Any, timeout: Any
+    ) -> http.client.HTTPConnection:
+        """A new connection, its errors raised as requests raises them: a TCP connection that
+        cannot be made is `ConnectionNotMade` (or `ConnectTimeout`); a failed TLS handshake
+        is requests' `SSLError` (or `ReadTimeout`, as urllib3 reports a handshake that timed
+        out)."""
+        host, port, tls = self._node(key, origin, verify, cert)
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError as error:
             raise requests.ConnectTimeout(error) from error
-        if isinstance(reason, u3.ResponseError):
-            raise requests.exceptions.RetryError(error) from error
-        if isinstance(reason, u3.ProxyError):
-            raise requests.exceptions.ProxyError(error) from error
-        if isinstance(reason, u3.SSLError):
-            raise requests.exceptions.SSLError(error) from error
-        raise requests.ConnectionError(error) from error
-    if isinstance(error, (u3.ProtocolError, OSError, u3.ClosedPoolError)):
-        raise requests.ConnectionError(error) from error
-    if isinstance(error, u3.ProxyError):
-        raise requests.exceptions.ProxyError(error) from error
-    if isinstance(error, u3.SSLError):
-        raise requests.exceptions.SSLError(error) from error
-    if isinstance(error, u3.ReadTimeoutError):
-        raise requests.ReadTimeout(error) from error
-    if isinstance(error, u3.InvalidHeader):
-        raise requests.exceptions.InvalidHeader(error) from error
-    raise error
+        except OSError as error:
+            raise ConnectionNotMade(error) from error
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+        except OSError as error:
+            sock.close()
+            raise _as_requests_error(error) from error
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+        connection.sock = sock
+        return connection
+
+    def _node(
+        self, key: tuple[Any, ...], origin: str, verify: Any, cert: Any
+    ) -> tuple[str, int, ssl.SSLContext | None]:
+        """Where `origin` is and, for https, the TLS context of requests' settings (built once
+        per setting; a CA file that cannot be loaded fails the call as requests fails it)."""
+        node = self._nodes.get(key)
+        if node is None:
+            parts = urlsplit(origin)
+            https = parts.scheme == "https"
+            tls = None
+            if https:
+                try:
+                    tls = _tls_context(verify, cert)
+                except ssl.SSLError as error:
+                    raise requests.exceptions.SSLError(error) from error
+            node = (parts.hostname or "", parts.port or (443 if https else 80), tls)
+            self._nodes[key] = node
+        return node
+
+    def close(self) -> None:
+        """Close the kept-open connections too; a call still under way closes its own."""
+        self._closed = True
+        with self._idle_lock:
+            stacks, self._idle = list(self._idle.values()), {}
+        for stack in stacks:
+            for connection in stack:
+                connection.close()
+        super().close()
+
+
+def _tls_context(verify: Any, cert: Any) -> ssl.SSLContext:
+    """requests' TLS settings as one context: `verify` False (no checks), True (requests'
+    default CA bundle) or a CA bundle file or directory; `cert` a file or (cert, key)."""
+    if verify is False:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        where = DEFAULT_CA_BUNDLE_PATH if verify is True else str(verify)
+        if os.path.isdir(where):
+            context = ssl.create_default_context(capath=where)
+        else:
+            context = ssl.create_default_context(cafile=where)
+    if cert:
+        certfile, keyfile = (cert, None) if isinstance(cert, str) else cert
+        context.load_cert_chain(certfile, keyfile)
+    return context
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle connection's socket has something to read: the server closed it (or
+    sent what nobody asked for), so it must not carry another call."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _headers(answer: http.client.HTTPResponse) -> CaseInsensitiveDict[str]:
+    """The answer's headers as requests gives them (a repeated header joined with ", ")."""
+    headers: CaseInsensitiveDict[str] = CaseInsensitiveDict()
+    for name, value in answer.getheaders():
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def _as_requests_error(error: BaseException) -> requests.RequestException:
+    """The `requests` error `HTTPAdapter.send` raises for what a sent call ran into."""
+    if isinstance(error, ssl.SSLError):
+        return requests.exceptions.SSLError(error)
+    if isinstance(error, TimeoutError):
+        return requests.ReadTimeout(error)
+    return requests.ConnectionError(error)
