@@ -168,7 +168,7 @@ class VaultConnection:
 def session_verify(ca_cert: Path | None, environ: Mapping[str, str]) -> bool | str:
     """What requests verifies Vault's certificate against: the configured `ca_cert`, else the
     bundle named by `REQUESTS_CA_BUNDLE`/`CURL_CA_BUNDLE` (as requests itself would pick with
-    `trust_env`), else the system store."""
+    `trust_env`), else requests' own bundle (certifi's)."""
     if ca_cert is not None:
         return str(ca_cert)
     return environ.get("REQUESTS_CA_BUNDLE") or environ.get("CURL_CA_BUNDLE") or True

@@ -198,6 +198,7 @@ class DirectSession(requests.Session):
         response.reason = answer.reason or ""
         response.url = url
         response._content = content  # what Response.content would have read
+        response._content_consumed = True  # nothing left to read (or close) in `raw`
         response.connection = adapter
         return response
 
