@@ -176,7 +176,7 @@ class DirectSession(requests.Session):
             merged.setdefault("Content-Type", "application/json")
         connect, read = timeout if isinstance(timeout, tuple) else (timeout, timeout)
         key = (origin, verify, cert if not isinstance(cert, list) else tuple(cert))
-        connection = self._reuse(key) or self._connect(key, origin, verify, cert, connect)
+        connection = self._reuse(key) or self._connect(key, connect)
         try:
             connection.sock.settimeout(read)
             connection.request(method, path, body=body, headers=dict(merged))
@@ -229,14 +229,12 @@ class DirectSession(requests.Session):
                     return
         connection.close()
 
-    def _connect(
-        self, key: tuple[Any, ...], origin: str, verify: Any, cert: Any, timeout: Any
-    ) -> http.client.HTTPConnection:
+    def _connect(self, key: tuple[Any, ...], timeout: Any) -> http.client.HTTPConnection:
         """A new connection, its errors raised as requests raises them: a TCP connection that
         cannot be made is `ConnectionNotMade` (or `ConnectTimeout`); a failed TLS handshake
         is requests' `SSLError` (or `ReadTimeout`, as urllib3 reports a handshake that timed
         out)."""
-        host, port, tls = self._node(key, origin, verify, cert)
+        host, port, tls = self._node(key)
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError as error:
@@ -254,13 +252,13 @@ class DirectSession(requests.Session):
         connection.sock = sock
         return connection
 
-    def _node(
-        self, key: tuple[Any, ...], origin: str, verify: Any, cert: Any
-    ) -> tuple[str, int, ssl.SSLContext | None]:
-        """Where `origin` is and, for https, the TLS context of requests' settings (built once
-        per setting; a CA file that cannot be loaded fails the call as requests fails it)."""
+    def _node(self, key: tuple[Any, ...]) -> tuple[str, int, ssl.SSLContext | None]:
+        """Where the node of `key` (origin, verify, cert) is and, for https, the TLS context of
+        requests' settings (built once per key; a CA file that cannot be loaded fails the call
+        as requests fails it)."""
         node = self._nodes.get(key)
         if node is None:
+            origin, verify, cert = key
             parts = urlsplit(origin)
             https = parts.scheme == "https"
             tls = None
