@@ -331,17 +331,13 @@ def test_a_call_refused_for_its_scope_is_neither_retried_nor_waited_for(deploy) 
     service = deployed.service
     with httpx.Client(base_url=service, auth=HttpxAuth(credential), timeout=5) as client:
         assert client.get("/v1/projects").status_code == 200
-        started = time.monotonic()
         answer = client.get("/v1/users")  # 403 insufficient_scope: a new token would get it too
-        assert time.monotonic() - started < 0.5
         assert answer.status_code == 403
         assert "insufficient_scope" in answer.headers["WWW-Authenticate"]
         assert answer.history == []
     with requests.Session() as session:
         session.auth = RequestsAuth(credential)
-        started = time.monotonic()
         answer = session.get(f"{service}/v1/users", timeout=5)
-        assert time.monotonic() - started < 0.5
         assert (answer.status_code, answer.history) == (403, [])
 
     async def through_async() -> httpx.Response:
@@ -350,4 +346,5 @@ def test_a_call_refused_for_its_scope_is_neither_retried_nor_waited_for(deploy) 
 
     answer = asyncio.run(through_async())
     assert (answer.status_code, answer.history) == (403, [])
-    assert vault.count == 1  # the first read only
+    # The first read only: waiting for a replacement polls Vault, so no wait either.
+    assert vault.count == 1

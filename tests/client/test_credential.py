@@ -458,9 +458,9 @@ def test_while_one_thread_reads_again_the_others_keep_the_valid_value(vault, clo
     thread.start()
     while len(vault.reads) < 2:
         time.sleep(0.01)
-    started = time.monotonic()
-    assert [credential.value for _ in range(20)] == ["at_one"] * 20  # no waiting on Vault
-    assert time.monotonic() - started < 0.5
+    # No waiting on Vault: the read is held at the gate until after these calls.
+    assert [credential.value for _ in range(20)] == ["at_one"] * 20
+    assert len(vault.reads) == 2 and thread.is_alive()
     vault.gate.set()
     thread.join(5)
     assert reader == ["at_two"]
@@ -521,9 +521,8 @@ async def test_async_callers_keep_the_valid_value_while_a_read_is_under_way(
     vault.read_seconds = 0.3
     first = asyncio.create_task(credential.value_async())
     await asyncio.sleep(0.05)
-    started = time.monotonic()
-    assert await credential.value_async() == "at_one"
-    assert time.monotonic() - started < 0.1
+    assert await credential.value_async() == "at_one"  # the held value, not the read's
+    assert not first.done()  # answered while the read was still under way
     assert await first == "at_two"
     assert len(vault.reads) == 2
 
@@ -578,13 +577,12 @@ def test_a_refused_value_with_no_replacement_waits_once_then_reads_at_most_per_i
     assert credential.on_rejected(sent) is None
     assert time.monotonic() - started >= 0.3
     assert len(vault.reads) == 1 + 1 + 3  # first read, the re-read, three polls
-    started = time.monotonic()
-    assert credential.on_rejected(sent) is None  # the same version: no second wait ...
+    # The same version: no second wait (each poll of a wait reads Vault) ...
+    assert credential.on_rejected(sent) is None
     assert len(vault.reads) == 5  # ... and no read within min_interval
     clock.advance(1)
     assert credential.on_rejected(sent) is None
-    assert len(vault.reads) == 6
-    assert time.monotonic() - started < 0.2
+    assert len(vault.reads) == 6  # one read, no polls
     assert credential.authorization == sent  # still served: only the service can say more
 
 
@@ -593,9 +591,8 @@ def test_a_refused_value_while_vault_is_down_is_not_waited_for(vault, clock, mak
     credential = make(rejection_wait=5)
     sent = credential.authorization
     vault.failure = requests.ConnectionError("refused")
-    started = time.monotonic()
     assert credential.on_rejected(sent) is None
-    assert time.monotonic() - started < 1
+    assert len(vault.reads) == 2  # the first read and the failed re-read: no polls
     assert credential.authorization == sent
 
 
