@@ -417,6 +417,128 @@ async def test_a_conflict_that_persists_is_reported_after_a_few_tries() -> None:
     assert len(posts) == 4  # the write and three more, each after a consistent read
 
 
+# -- a check-and-set write whose answer was lost -----------------------------------------------
+
+CAS_REFUSED = (400, {"errors": ["check-and-set parameter did not match the current version"]}, {})
+
+
+@dataclass
+class LossyKv:
+    """One KV path on the active node whose first write's answer is lost: the connection
+    breaks after the write was carried out (`lands`) or before; `other` is what another
+    writer put there meanwhile, if anything."""
+
+    version: int
+    data: dict[str, Any]
+    lands: bool
+    other: dict[str, Any] | None = None
+    lost: int = 0
+    sent: list[dict[str, Any]] = field(default_factory=list)  # each write's body, in order
+
+    def __call__(self, node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        if path.endswith("lookup-self"):
+            return 200, LOOKUP, {}
+        if method == "GET":
+            meta = {"version": self.version, "created_time": "2026-01-01T00:00:00Z"}
+            return 200, {"data": {"data": self.data, "metadata": meta}}, {}
+        sent = self.sent.pop(0)
+        if self.lost == 0:
+            self.lost += 1
+            if self.lands:
+                self.version, self.data = self.version + 1, sent["data"]
+            if self.other is not None:
+                self.version, self.data = self.version + 1, self.other
+            return requests.ConnectionError("Connection aborted.", "RemoteDisconnected")
+        if sent["options"].get("cas") not in (None, self.version):
+            return CAS_REFUSED
+        self.version, self.data = self.version + 1, sent["data"]
+        return 200, {"data": {"version": self.version}}, {}
+
+
+class RecordingCluster(FakeCluster):
+    """A FakeCluster that hands each write's JSON body to the handler (`LossyKv.sent`)."""
+
+    def send(self, request: requests.PreparedRequest, *args: object, **kwargs: object) -> Any:
+        if request.method == "POST" and isinstance(self.handler, LossyKv) and request.body:
+            self.handler.sent.append(json.loads(request.body))
+        return super().send(request, *args, **kwargs)
+
+
+def writes_and_reads(cluster: FakeCluster) -> list[str]:
+    return [s.method for s in cluster.data_calls() if "lookup" not in s.path]
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["had-landed", "never-landed"])
+async def test_a_check_and_set_write_whose_answer_was_lost_is_known_as_written(
+    lands: bool,
+) -> None:
+    kv = LossyKv(version=3, data={"k": "old"}, lands=lands)
+    cluster = RecordingCluster(kv)
+    store = store_on(cluster)
+    try:
+        assert await store.write("keyturn/state/x", {"k": "new"}, cas=3) == 4
+    finally:
+        await store.close()
+    assert (kv.version, kv.data) == (4, {"k": "new"})  # written once, either way
+    # Landed: the resend is refused (cas=3, the path is at 4) and one read shows our data.
+    assert writes_and_reads(cluster) == (["POST", "POST", "GET"] if lands else ["POST", "POST"])
+
+
+async def test_a_lost_answer_and_another_writers_version_is_a_conflict() -> None:
+    kv = LossyKv(version=3, data={"k": "old"}, lands=False, other={"k": "theirs"})
+    cluster = RecordingCluster(kv)
+    store = store_on(cluster)
+    try:
+        with pytest.raises(VaultCasConflict):
+            await store.write("keyturn/state/x", {"k": "new"}, cas=3)
+    finally:
+        await store.close()
+    assert (kv.version, kv.data) == (4, {"k": "theirs"})
+    assert writes_and_reads(cluster) == ["POST", "POST", "GET"]
+
+
+async def test_an_unconditional_write_whose_answer_was_lost_is_not_sent_again() -> None:
+    kv = LossyKv(version=3, data={"k": "old"}, lands=True)
+    cluster = RecordingCluster(kv)
+    store = store_on(cluster)
+    try:
+        with pytest.raises(VaultUnavailable, match="cannot reach vault"):
+            await store.write("keyturn/plan/x", {"k": "new"}, cas=None)
+    finally:
+        await store.close()
+    assert writes_and_reads(cluster) == ["POST"]
+
+
+async def test_custom_metadata_whose_answer_was_lost_is_sent_once_more() -> None:
+    metadata_posts: list[str] = []
+
+    def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
+        if path == "/v1/sys/leader":
+            return 200, LEADER, {}
+        if path.endswith("lookup-self"):
+            return 200, LOOKUP, {}
+        if "/metadata/" in path:
+            metadata_posts.append(path)
+            if len(metadata_posts) == 1:
+                return requests.ConnectionError("Connection aborted.", "RemoteDisconnected")
+            return 204, None, {}
+        return 200, {"data": {"version": 4}}, {}
+
+    cluster = FakeCluster(handler)
+    store = store_on(cluster)
+    try:
+        written = await store.write("apps/x", {"k": "v"}, cas=3, custom_metadata={"m": "1"})
+    finally:
+        await store.close()
+    assert written == 4
+    calls = [
+        (s.method, s.path.split("/")[3]) for s in cluster.data_calls() if "lookup" not in s.path
+    ]
+    assert calls == [("POST", "data"), ("POST", "metadata"), ("POST", "metadata")]
+
+
 # -- the fake store ----------------------------------------------------------------------
 
 

@@ -11,6 +11,13 @@ read shows the secret really is at another version: a node that had not yet appl
 version named in `cas` rejects the write without asking the active node (OpenBao's KV engine
 checks `cas` against the node's own copy before the write is forwarded), and such a rejection
 is retried instead of being reported as a conflict.
+
+A check-and-set write whose answer was lost (the connection broke after the request went out,
+a time-out, a 5xx: the node may have stopped mid-call in an election) is sent once more: `cas`
+makes a second landing impossible, and a conflict on the resend is checked against what was
+sent, so a write that had landed is known as landed instead of failing the credential's run.
+Custom metadata is sent once more too (writing it twice changes nothing); an unconditional
+data write never is.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from keyturn.errors import (
     VaultDataError,
     VaultError,
     VaultPermissionDenied,
+    VaultUnavailable,
 )
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
@@ -41,6 +49,7 @@ from keyturn.vault.client import (
     VaultConnection,
     VaultOperation,
     api_url,
+    not_sent,
 )
 from keyturn.vault.store import (
     KvEntry,
@@ -148,22 +157,44 @@ class VaultStore:
             if cas is None or self._client.standalone:
                 raise  # a single server judged it against current data
             body = await self._write_after_conflict(path, payload, cas, conflict)
+        except VaultUnavailable as lost:
+            if cas is None or not_sent(lost.__cause__):
+                raise  # unconditional writes are never sent twice; unsent ones failed over
+            body = await self._write_after_lost_answer(path, payload, cas, lost)
         version = (_dict(body.get("data")) or {}).get("version") if body else None
         if isinstance(version, bool) or not isinstance(version, int):
             raise VaultDataError("vault write: response has no version", path=path)
         if custom_metadata is not None:
             metadata = {"custom_metadata": _str_map(path, custom_metadata)}
-            await self._call(
-                "POST",
-                self.mount,
-                "metadata",
-                path,
-                kind="write",
-                operation="write metadata",
-                json=metadata,
-                consistent=True,
-            )
+            try:
+                await self._write_metadata(path, metadata)
+            except VaultUnavailable as lost:
+                if not_sent(lost.__cause__):
+                    raise
+                # The same custom metadata written twice is the same: send it once more.
+                self._lost_answer(path, lost, what="metadata")
+                await self._write_metadata(path, metadata)
         return version
+
+    async def _write_metadata(self, path: str, metadata: Mapping[str, Any]) -> None:
+        await self._call(
+            "POST",
+            self.mount,
+            "metadata",
+            path,
+            kind="write",
+            operation="write metadata",
+            json=metadata,
+            consistent=True,
+        )
+
+    def _lost_answer(self, path: str, lost: VaultUnavailable, *, what: str) -> None:
+        """Before a write is sent again: say so, and ask anew where the active node is (the
+        node that broke off may no longer be it)."""
+        log.info(
+            "vault.write_answer_lost", path=f"{self.mount}/{path}", write=what, error=str(lost)
+        )
+        self._client.forget_active()
 
     async def _write_data(
         self, path: str, payload: Mapping[str, Any], cas: int | None
@@ -200,6 +231,32 @@ class VaultStore:
             except VaultCasConflict as again:
                 conflict = again
         raise conflict
+
+    async def _write_after_lost_answer(
+        self, path: str, payload: Mapping[str, Any], cas: int, lost: VaultUnavailable
+    ) -> dict[str, Any] | None:
+        """Send a check-and-set write again after its answer was lost. A conflict on the
+        resend is our first write if the active node holds exactly what was sent as version
+        `cas + 1`; anything else there is a real conflict (or, on a cluster, if the secret is
+        still at `cas`, a node that was behind: `_write_after_conflict`)."""
+        self._lost_answer(path, lost, what=f"data (cas={cas})")
+        try:
+            return await self._write_data(path, payload, cas)
+        except VaultCasConflict as conflict:
+            try:
+                current = await self.read(path, consistent=True)
+            except VaultError:
+                raise conflict from None
+            if current is None:
+                raise
+            if current.version == cas + 1 and current.data == payload["data"]:
+                log.info(
+                    "vault.write_had_landed", path=f"{self.mount}/{path}", version=current.version
+                )
+                return {"data": {"version": current.version}}
+            if current.version == cas and not self._client.standalone:
+                return await self._write_after_conflict(path, payload, cas, conflict)
+            raise
 
     async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
         validate_path(path)

@@ -84,7 +84,9 @@ class KvStore(Protocol):
         unconditional. A lost check-and-set raises `VaultCasConflict` (proven: the current
         version, read consistently, is not `cas`). `custom_metadata`, when
         given, replaces the path's custom metadata in a *second* call after the data write:
-        if that call fails, the new version exists without the new metadata.
+        if that call fails, the new version exists without the new metadata. A check-and-set
+        write whose answer was lost is sent once more (`cas` makes that safe) and known as
+        written if the next version holds what was sent (see `keyturn.vault.hvac_store`).
         """
         ...
 

@@ -2,10 +2,12 @@
 
 It listens on 127.0.0.1 (a free port), runs its own event loop in a thread, forwards every
 request to `upstream` as it came (method, path, query, headers, body), and answers instead
-with a given status when a rule says so:
+with a given status when a rule says so, or forwards the request and then hangs up without
+its answer (a node that stopped mid-call):
 
     with FaultyVaultProxy(openbao.address) as proxy:
         proxy.fail_once(lambda request, history: request.method == "POST" and ..., status=500)
+        proxy.lose_answer_once(lambda request, history: ...)  # carried out, answer never sent
         ... keyturn's `vault.address = proxy.url` ...
         proxy.requests          # every request seen: method, path, JSON body, status answered
 
@@ -40,7 +42,7 @@ class ProxiedRequest:
     method: str
     path: str
     body: Any  # parsed JSON, or None
-    status: int | None = None  # what the client got (None: the upstream did not answer)
+    status: int | None = None  # what the client got (None: no answer, upstream or proxy hung up)
     injected: bool = False  # the status came from a rule, not from upstream
 
     def data(self) -> dict[str, Any]:
@@ -56,7 +58,7 @@ Match = Callable[[ProxiedRequest, list[ProxiedRequest]], bool]
 @dataclass
 class _Rule:
     match: Match
-    status: int
+    status: int | None  # None: forward, then hang up without the answer
     times: int
 
 
@@ -80,6 +82,12 @@ class FaultyVaultProxy(ManagedServer):
         """Answer `status` (instead of forwarding) to the next `times` requests that match."""
         with self._lock:
             self._rules.append(_Rule(match, status, times))
+
+    def lose_answer_once(self, match: Match, times: int = 1) -> None:
+        """Forward the next `times` requests that match, then close the connection without
+        the upstream's answer: the request was carried out, the client cannot know it."""
+        with self._lock:
+            self._rules.append(_Rule(match, None, times))
 
     def injected(self) -> list[ProxiedRequest]:
         with self._lock:
@@ -142,10 +150,12 @@ class FaultyVaultProxy(ManagedServer):
         except ValueError:
             body = None
         seen = ProxiedRequest(time.time(), request.method, request.path, body)
-        status = self._decide(seen)
-        if status is not None:
-            self._record(ProxiedRequest(seen.at, seen.method, seen.path, body, status, True))
-            return web.json_response({"errors": ["injected by the test's proxy"]}, status=status)
+        rule = self._decide(seen)
+        if rule is not None and rule.status is not None:
+            self._record(ProxiedRequest(seen.at, seen.method, seen.path, body, rule.status, True))
+            return web.json_response(
+                {"errors": ["injected by the test's proxy"]}, status=rule.status
+            )
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _SKIP}
         assert self._session is not None
         try:
@@ -165,16 +175,21 @@ class FaultyVaultProxy(ManagedServer):
         except (aiohttp.ClientError, TimeoutError):
             self._record(seen)
             return web.json_response({"errors": ["upstream unreachable"]}, status=502)
+        if rule is not None:  # carried out upstream; the client gets no answer at all
+            self._record(ProxiedRequest(seen.at, seen.method, seen.path, body, None, True))
+            assert request.transport is not None
+            request.transport.abort()
+            return reply  # never sent: the connection is gone
         self._record(ProxiedRequest(seen.at, seen.method, seen.path, body, upstream.status))
         return reply
 
-    def _decide(self, request: ProxiedRequest) -> int | None:
+    def _decide(self, request: ProxiedRequest) -> _Rule | None:
         with self._lock:
             history = list(self.requests)
             for rule in self._rules:
                 if rule.times > 0 and rule.match(request, history):
                     rule.times -= 1
-                    return rule.status
+                    return rule
         return None
 
     def _record(self, request: ProxiedRequest) -> None:
