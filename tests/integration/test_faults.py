@@ -554,6 +554,23 @@ def test_a_sigkill_during_a_refresh_request_never_presents_that_token_again(
     findings.done()
 
 
+def one_chain_every_answer_published(findings: Findings, scene: Scene, name: str) -> None:
+    """No refresh token presented twice or burnt, one live chain, and as many access tokens
+    issued as versions published (no answer thrown away, no extra grant)."""
+    families = no_reuse(findings, scene, name)
+    findings.check(families["revoked_families"] == {}, f"families revoked: {families}")
+    findings.check(
+        families["refresh_tokens"].get("active") == 1, f"not exactly one live chain: {families}"
+    )
+    versions = scene.versions(name)
+    findings.check(
+        families["access_tokens"] == len(versions),
+        f"{families['access_tokens']} access tokens issued for {len(versions)} versions: "
+        "an answer was not the one published, or a grant too many",
+    )
+    findings.check(scene.named("refresh_token.lost") == [], "a refresh token was burnt")
+
+
 class AnswerWrites:
     """The state writes of credential `name` that store a refresh answer, seen by the proxy."""
 
@@ -617,18 +634,7 @@ def test_a_failed_state_write_after_a_refresh_keeps_the_answer_and_stores_it_fir
     findings.measure("republished after the refused write", f"{recovered.at - failed.at:.2f}s")
     failures = scene.named("credential.failed")
     findings.check(len(failures) == 1, f"not one failed run: {failures}")
-    families = no_reuse(findings, scene, name)
-    findings.check(families["revoked_families"] == {}, f"families revoked: {families}")
-    findings.check(
-        families["refresh_tokens"].get("active") == 1, f"not exactly one live chain: {families}"
-    )
-    versions = scene.versions(name)
-    findings.check(
-        families["access_tokens"] == len(versions),
-        f"{families['access_tokens']} access tokens issued for {len(versions)} versions: "
-        "the kept answer was not the one published",
-    )
-    findings.check(scene.named("refresh_token.lost") == [], "a refresh token was burnt")
+    one_chain_every_answer_published(findings, scene, name)
     apps_view(findings, sampler)
     findings.done()
 
@@ -664,17 +670,7 @@ def test_a_state_write_carried_out_whose_answer_was_lost_is_known_as_written(
     findings.check(len(scene.named("vault.write_had_landed")) == 1, "not known as landed")
     failures = scene.named("credential.failed")
     findings.check(failures == [], f"a write carried out failed the run: {failures}")
-    families = no_reuse(findings, scene, name)
-    findings.check(families["revoked_families"] == {}, f"families revoked: {families}")
-    findings.check(
-        families["refresh_tokens"].get("active") == 1, f"not exactly one live chain: {families}"
-    )
-    versions = scene.versions(name)
-    findings.check(
-        families["access_tokens"] == len(versions),
-        f"{families['access_tokens']} access tokens issued for {len(versions)} versions",
-    )
-    findings.check(scene.named("refresh_token.lost") == [], "a refresh token was burnt")
+    one_chain_every_answer_published(findings, scene, name)
     apps_view(findings, sampler)
     findings.done()
 
