@@ -105,7 +105,9 @@ def test_a_fault_can_drop_the_connection_instead_of_answering(
     sandbox: SandboxProcess, http: httpx.Client
 ) -> None:
     sandbox.admin.set_faults({"token": {"error_rate": 1, "drop_connection": True}})
-    with pytest.raises(httpx.RemoteProtocolError):
+    # No answer at all: a closed connection, or a reset one when the close comes while the
+    # request is still unread (timing: both happen on a loaded machine).
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
         token_request(sandbox, http)
     sandbox.admin.clear_faults()
     assert sandbox.admin.faults() == {}
