@@ -172,7 +172,7 @@ class VaultStore:
                 if not_sent(lost.__cause__):
                     raise
                 # The same custom metadata written twice is the same: send it once more.
-                self._lost_answer(path, lost, what="metadata")
+                self._before_resend(path, lost, what="metadata")
                 await self._write_metadata(path, metadata)
         return version
 
@@ -188,7 +188,7 @@ class VaultStore:
             consistent=True,
         )
 
-    def _lost_answer(self, path: str, lost: VaultUnavailable, *, what: str) -> None:
+    def _before_resend(self, path: str, lost: VaultUnavailable, *, what: str) -> None:
         """Before a write is sent again: say so, and ask anew where the active node is (the
         node that broke off may no longer be it)."""
         log.info(
@@ -211,18 +211,31 @@ class VaultStore:
         )
 
     async def _write_after_conflict(
-        self, path: str, payload: Mapping[str, Any], cas: int, conflict: VaultCasConflict
+        self,
+        path: str,
+        payload: Mapping[str, Any],
+        cas: int,
+        conflict: VaultCasConflict,
+        *,
+        answer_lost: bool = False,
     ) -> dict[str, Any] | None:
         """Prove a check-and-set conflict before reporting it: read the secret from the active
-        node; if it is still at version `cas`, the node that judged the write was behind, and
-        the write is sent again (a few times). Otherwise the conflict stands."""
+        node. If an earlier send's answer was lost (`answer_lost`) and version `cas + 1` holds
+        exactly what was sent, that send landed. If the secret is still at version `cas` on a
+        cluster, the node that judged the write was behind, and the write is sent again (a few
+        times). Otherwise the conflict stands."""
         for delay in CAS_RECHECK_DELAYS:
             self._client.forget_active()  # the node that answered may no longer be active
             try:
                 current = await self.read(path, consistent=True)
             except VaultError:
                 raise conflict from None  # not proven stale: the conflict stands
-            if current is None or current.version != cas:
+            if current is None:
+                raise conflict
+            if answer_lost and current.version == cas + 1 and current.data == payload["data"]:
+                log.info("vault.write_had_landed", path=f"{self.mount}/{path}", version=cas + 1)
+                return {"data": {"version": current.version}}
+            if current.version != cas or self._client.standalone:
                 raise conflict
             log.info("vault.cas_rejected_by_stale_node", path=f"{self.mount}/{path}", cas=cas)
             await asyncio.sleep(delay)
@@ -235,28 +248,13 @@ class VaultStore:
     async def _write_after_lost_answer(
         self, path: str, payload: Mapping[str, Any], cas: int, lost: VaultUnavailable
     ) -> dict[str, Any] | None:
-        """Send a check-and-set write again after its answer was lost. A conflict on the
-        resend is our first write if the active node holds exactly what was sent as version
-        `cas + 1`; anything else there is a real conflict (or, on a cluster, if the secret is
-        still at `cas`, a node that was behind: `_write_after_conflict`)."""
-        self._lost_answer(path, lost, what=f"data (cas={cas})")
+        """Send a check-and-set write again after its answer was lost; a conflict on the
+        resend may be the first send, landed (`_write_after_conflict` tells)."""
+        self._before_resend(path, lost, what=f"data (cas={cas})")
         try:
             return await self._write_data(path, payload, cas)
         except VaultCasConflict as conflict:
-            try:
-                current = await self.read(path, consistent=True)
-            except VaultError:
-                raise conflict from None
-            if current is None:
-                raise
-            if current.version == cas + 1 and current.data == payload["data"]:
-                log.info(
-                    "vault.write_had_landed", path=f"{self.mount}/{path}", version=current.version
-                )
-                return {"data": {"version": current.version}}
-            if current.version == cas and not self._client.standalone:
-                return await self._write_after_conflict(path, payload, cas, conflict)
-            raise
+            return await self._write_after_conflict(path, payload, cas, conflict, answer_lost=True)
 
     async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
         validate_path(path)
