@@ -354,15 +354,27 @@ def store_on(cluster: FakeCluster) -> VaultStore:
 LOOKUP = {"data": {"ttl": 0, "renewable": False, "accessor": "acc"}}
 
 
+def store_control(path: str) -> Answer | None:
+    """What a store's cluster answers besides KV calls: the leader, the token's look-up."""
+    if path == "/v1/sys/leader":
+        return 200, LEADER, {}
+    if path.endswith("lookup-self"):
+        return 200, LOOKUP, {}
+    return None
+
+
+def kv_calls(cluster: FakeCluster) -> list[Seen]:
+    """The store's KV calls, in order (without the leader and token look-ups)."""
+    return [s for s in cluster.data_calls() if "lookup" not in s.path]
+
+
 def kv(state: dict[str, int], *, stale_rejections: int) -> Callable[..., Answer]:
     """A KV path at version `state["version"]` on the active node; the first
     `stale_rejections` writes are refused as a node that is one version behind would."""
 
     def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
-        if path == "/v1/sys/leader":
-            return 200, LEADER, {}
-        if path.endswith("lookup-self"):
-            return 200, LOOKUP, {}
+        if (control := store_control(path)) is not None:
+            return control
         if method == "GET":
             meta = {"version": state["version"], "created_time": "2026-01-01T00:00:00Z"}
             return 200, {"data": {"data": {"k": "v"}, "metadata": meta}}, {}
@@ -387,7 +399,7 @@ async def test_a_conflict_from_a_node_that_was_behind_is_retried() -> None:
         assert await store.write("keyturn/state/x", {"k": "v"}, cas=3) == 4
     finally:
         await store.close()
-    calls = [(s.method, s.node) for s in cluster.data_calls() if "lookup" not in s.path]
+    calls = [(s.method, s.node) for s in kv_calls(cluster)]
     assert calls == [("POST", ACTIVE), ("GET", ACTIVE), ("POST", ACTIVE)]
 
 
@@ -400,7 +412,7 @@ async def test_a_real_conflict_is_reported_after_one_consistent_read() -> None:
             await store.write("keyturn/state/x", {"k": "v"}, cas=3)
     finally:
         await store.close()
-    calls = [s.method for s in cluster.data_calls() if "lookup" not in s.path]
+    calls = [s.method for s in kv_calls(cluster)]
     assert calls == ["POST", "GET"]
 
 
@@ -436,10 +448,8 @@ class LossyKv:
     sent: list[dict[str, Any]] = field(default_factory=list)  # each write's body, in order
 
     def __call__(self, node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
-        if path == "/v1/sys/leader":
-            return 200, LEADER, {}
-        if path.endswith("lookup-self"):
-            return 200, LOOKUP, {}
+        if (control := store_control(path)) is not None:
+            return control
         if method == "GET":
             meta = {"version": self.version, "created_time": "2026-01-01T00:00:00Z"}
             return 200, {"data": {"data": self.data, "metadata": meta}}, {}
@@ -466,10 +476,6 @@ class RecordingCluster(FakeCluster):
         return super().send(request, *args, **kwargs)
 
 
-def writes_and_reads(cluster: FakeCluster) -> list[str]:
-    return [s.method for s in cluster.data_calls() if "lookup" not in s.path]
-
-
 @pytest.mark.parametrize("lands", [True, False], ids=["had-landed", "never-landed"])
 async def test_a_check_and_set_write_whose_answer_was_lost_is_known_as_written(
     lands: bool,
@@ -483,7 +489,9 @@ async def test_a_check_and_set_write_whose_answer_was_lost_is_known_as_written(
         await store.close()
     assert (kv.version, kv.data) == (4, {"k": "new"})  # written once, either way
     # Landed: the resend is refused (cas=3, the path is at 4) and one read shows our data.
-    assert writes_and_reads(cluster) == (["POST", "POST", "GET"] if lands else ["POST", "POST"])
+    assert [s.method for s in kv_calls(cluster)] == (
+        ["POST", "POST", "GET"] if lands else ["POST", "POST"]
+    )
 
 
 async def test_a_lost_answer_and_another_writers_version_is_a_conflict() -> None:
@@ -496,7 +504,7 @@ async def test_a_lost_answer_and_another_writers_version_is_a_conflict() -> None
     finally:
         await store.close()
     assert (kv.version, kv.data) == (4, {"k": "theirs"})
-    assert writes_and_reads(cluster) == ["POST", "POST", "GET"]
+    assert [s.method for s in kv_calls(cluster)] == ["POST", "POST", "GET"]
 
 
 async def test_an_unconditional_write_whose_answer_was_lost_is_not_sent_again() -> None:
@@ -508,17 +516,15 @@ async def test_an_unconditional_write_whose_answer_was_lost_is_not_sent_again() 
             await store.write("keyturn/plan/x", {"k": "new"}, cas=None)
     finally:
         await store.close()
-    assert writes_and_reads(cluster) == ["POST"]
+    assert [s.method for s in kv_calls(cluster)] == ["POST"]
 
 
 async def test_custom_metadata_whose_answer_was_lost_is_sent_once_more() -> None:
     metadata_posts: list[str] = []
 
     def handler(node: str, method: str, path: str, headers: dict[str, str]) -> Answer:
-        if path == "/v1/sys/leader":
-            return 200, LEADER, {}
-        if path.endswith("lookup-self"):
-            return 200, LOOKUP, {}
+        if (control := store_control(path)) is not None:
+            return control
         if "/metadata/" in path:
             metadata_posts.append(path)
             if len(metadata_posts) == 1:
@@ -533,9 +539,7 @@ async def test_custom_metadata_whose_answer_was_lost_is_sent_once_more() -> None
     finally:
         await store.close()
     assert written == 4
-    calls = [
-        (s.method, s.path.split("/")[3]) for s in cluster.data_calls() if "lookup" not in s.path
-    ]
+    calls = [(s.method, s.path.split("/")[3]) for s in kv_calls(cluster)]
     assert calls == [("POST", "data"), ("POST", "metadata"), ("POST", "metadata")]
 
 
