@@ -13,9 +13,9 @@ checks `cas` against the node's own copy before the write is forwarded), and suc
 is retried instead of being reported as a conflict.
 
 A check-and-set write whose answer was lost (the connection broke after the request went out,
-a time-out, a 5xx: the node may have stopped mid-call in an election) is sent once more: `cas`
-makes a second landing impossible, and a conflict on the resend is checked against what was
-sent, so a write that had landed is known as landed instead of failing the credential's run.
+a time-out, a 5xx or 429: the node may have stopped mid-call in an election) is sent once
+more: `cas` makes a second landing impossible, and a conflict on the resend is checked against
+what was sent, so a write that had landed is known as landed instead of failing the run.
 Custom metadata is sent once more too (writing it twice changes nothing); an unconditional
 data write never is.
 """
