@@ -13,6 +13,7 @@
     ├── ProviderError .......... the service (token endpoint, probe, rotator APIs)
     │   ├── ProviderUnavailable ... network error, time-out, 5xx          (retryable)
     │   │                           carries `retry_after`, `answer_lost`
+    │   │   └── ProbeUnanswered ... a new token's probe got no answer: kept, probed again
     │   ├── RateLimited ........... 429, carries `retry_after`            (retryable)
     │   ├── OAuthError ............ an RFC 6749 §5.2 error, carries `error` (e.g. invalid_grant)
     │   └── MalformedResponse ..... a response keyturn cannot trust (carries the field)
@@ -117,6 +118,12 @@ class ProviderUnavailable(ProviderError):
         self.retry_after = retry_after
         self.answer_lost = answer_lost
         super().__init__(message, credential=credential)
+
+
+class ProbeUnanswered(ProviderUnavailable):
+    """A new token's probe got no usable answer (network, time-out, 5xx, 429) after its
+    retries: the token is kept, unpublished, and probed again at the next try; no new token is
+    asked for while it is good."""
 
 
 class RateLimited(ProviderError):

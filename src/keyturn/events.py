@@ -31,13 +31,15 @@ class TokenRequest:
 @dataclass(frozen=True, slots=True)
 class Published:
     """A new value is readable by apps (for an API key, `expires_at` is its rotate-after
-    time)."""
+    time). `verified=False`: published although its probe got no answer, because the value
+    apps read before would have expired before another try (it is probed again later)."""
 
     credential: str
     provider: str
     kind: str
     issued_at: float
     expires_at: float
+    verified: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +121,28 @@ class RotationDuration:
 
 @dataclass(frozen=True, slots=True)
 class Probed:
-    """A probe of a credential issued just now answered with HTTP `status`."""
+    """A probe of a credential issued just now answered with HTTP `status` (NO_ANSWER: the
+    connection failed, timed out, or the answer was a 5xx or a 429)."""
 
     credential: str
     provider: str
     status: int
+
+
+NO_ANSWER = 0  # `Probed.status` of a probe that got no usable answer
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAfterBounded:
+    """A provider's Retry-After met a credential's retry plan: `outcome` is `honoured`,
+    `shortened` (to the token's last planned refresh) or `overridden` (past that point the
+    `after_expiry` cadence rules); `expired`: the token apps read had expired."""
+
+    credential: str
+    provider: str
+    outcome: str
+    requested: float
+    expired: bool
 
 
 Event: TypeAlias = (
@@ -137,6 +156,7 @@ Event: TypeAlias = (
     | RotationPlanned
     | RotationDuration
     | Probed
+    | RetryAfterBounded
 )
 Observer: TypeAlias = Callable[[Event], None]
 
@@ -169,13 +189,24 @@ class LoggingObserver:
                     seconds=round(event.seconds, 4),
                 )
             case Published():
-                self._log.info(
-                    "credential.published",
-                    credential=event.credential,
-                    provider=event.provider,
-                    kind=event.kind,
-                    lifetime=round(event.expires_at - event.issued_at, 3),
-                )
+                if event.verified:
+                    self._log.info(
+                        "credential.published",
+                        credential=event.credential,
+                        provider=event.provider,
+                        kind=event.kind,
+                        lifetime=round(event.expires_at - event.issued_at, 3),
+                    )
+                else:
+                    self._log.warning(
+                        "credential.published_unverified",
+                        credential=event.credential,
+                        provider=event.provider,
+                        kind=event.kind,
+                        lifetime=round(event.expires_at - event.issued_at, 3),
+                        reason="the probe got no answer and the value apps read would have "
+                        "expired before another try; it is probed again later",
+                    )
             case Scheduled():
                 self._log.debug("credential.scheduled", credential=event.credential, due=event.due)
             case Failed():
@@ -212,6 +243,15 @@ class LoggingObserver:
                     provider=event.provider,
                     status=event.status,
                 )
+            case RetryAfterBounded():
+                if event.outcome != "honoured":
+                    self._log.warning(
+                        "provider.retry_after_" + event.outcome,
+                        credential=event.credential,
+                        provider=event.provider,
+                        requested_seconds=round(event.requested, 3),
+                        expired=event.expired,
+                    )
 
 
 def _named(observer: Observer) -> str:

@@ -3,13 +3,18 @@
 Refresh (cert-manager, Vault Agent): at `at` (≈2/3) of the lifetime after issue, spread by
 `±jitter` of the lifetime so that tokens issued together do not refresh together, and never
 later than `expires_at - margin`. Backoff: capped exponential with full jitter (AWS
-architecture blog), never shorter than a server's `Retry-After`.
+architecture blog), bounded by what the token apps read has left: a server's `Retry-After` is
+honoured while the token is good for longer than the wait, never past its last planned refresh;
+once that point has passed (the margin is being eaten, or the token expired) a credential whose
+provider did not answer retries at the short `after_expiry` cadence instead (Vault Agent and
+cert-manager users meet the opposite: a backoff grown during an outage that outlives it).
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +30,10 @@ class BackoffPolicy:
     initial: float = 1.0
     maximum: float = 300.0
     multiplier: float = 2.0
+    # Seconds between tries (±AFTER_EXPIRY_JITTER) once the token apps read is past its last
+    # planned refresh and the provider did not answer: apps are back within this of the
+    # provider (`keyturn.providers.recovery` stretches it when many credentials wait).
+    after_expiry: float = 5.0
 
 
 def refresh_window(
@@ -78,6 +87,49 @@ def backoff_delay(
 # first attempt after an outage ends comes before the token expires.
 URGENT_SHARE = 0.25
 URGENT_FLOOR = 1.0
+# The `after_expiry` cadence is drawn from ±this share of it, so credentials that failed
+# together do not knock together.
+AFTER_EXPIRY_JITTER = 0.2
+
+# What became of a server's Retry-After: waited for in full, shortened to the token's last
+# planned refresh, or overridden by the `after_expiry` cadence (past that point, or expired).
+RetryAfterOutcome = Literal["honoured", "shortened", "overridden"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLeft:
+    """What the token apps read has left, as a retry sees it: seconds until it expires, and
+    until its last planned refresh (`refresh_window`'s latest point). At or below 0 the
+    deadline has passed: the margin kept for a late try is being used up."""
+
+    expires_in: float
+    deadline_in: float
+
+    @property
+    def past_deadline(self) -> bool:
+        return self.deadline_in <= 0
+
+
+def token_left(
+    issued_at: float | None, expires_at: float | None, policy: RefreshPolicy, now: float
+) -> TokenLeft | None:
+    """The `TokenLeft` of a token issued at `issued_at` (unknown: taken as `expires_at -
+    margin`'s deadline), None when there is no published token."""
+    if expires_at is None:
+        return None
+    if issued_at is None:
+        deadline = expires_at - policy.margin
+    else:
+        deadline = refresh_window(issued_at, expires_at, policy)[1]
+    return TokenLeft(expires_at - now, deadline - now)
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """When to try again (`delay`, seconds), and what became of a server's Retry-After."""
+
+    delay: float
+    retry_after: RetryAfterOutcome | None = None
 
 
 def retry_delay(
@@ -86,21 +138,48 @@ def retry_delay(
     rng: random.Random,
     *,
     retry_after: float | None = None,
-    remaining: float | None = None,
-) -> float:
-    """Seconds to wait before retrying a credential after its `failures`-th failure.
+    left: TokenLeft | None = None,
+    provider_wait: bool = False,
+    crowd: float = 0.0,
+) -> Retry:
+    """When to retry a credential after its `failures`-th failure.
 
-    The credential's backoff, capped by `URGENT_SHARE` of the `remaining` lifetime of the
-    token apps read now (never below `URGENT_FLOOR`), so backoff that has grown during an
-    earlier outage cannot sleep past the expiry of the current token. A server's Retry-After
-    stays a floor: it is the server's explicit request, and hammering it would not help.
+    `provider_wait`: the provider gave no usable answer (down, time-out, 5xx, 429, a probe
+    unanswered). Past the token's last planned refresh (`left.past_deadline`, expired too),
+    such a credential retries every `after_expiry` seconds (±AFTER_EXPIRY_JITTER; while the
+    token is valid, no later than `URGENT_SHARE` of what it has left), or every `crowd`
+    seconds if longer (the share of the provider's recovery rate this credential gets
+    when many wait, `keyturn.providers.recovery`), whatever Retry-After says: the cost of
+    obeying it is an outage of the apps.
+
+    Otherwise the credential's backoff, capped while a token is published by `URGENT_SHARE` of
+    what it has left and by its last planned refresh (never below `URGENT_FLOOR`), so backoff
+    grown in an earlier outage cannot sleep past expiry. A server's Retry-After is a floor,
+    itself capped at `maximum` and, while a token is published, at its last planned refresh.
     """
+    asked = retry_after if retry_after is not None and retry_after > 0 else None
+    if provider_wait and left is not None and left.past_deadline:
+        cadence = policy.after_expiry
+        if left.expires_in > 0:  # still valid: denser as expiry nears, as below
+            cadence = min(cadence, max(URGENT_FLOOR, left.expires_in * URGENT_SHARE))
+        jitter = rng.uniform(1 - AFTER_EXPIRY_JITTER, 1 + AFTER_EXPIRY_JITTER)
+        delay = max(cadence, crowd) * jitter
+        if asked is None:
+            return Retry(delay)
+        return Retry(delay, "honoured" if asked <= delay else "overridden")
     delay = backoff_delay(failures, policy, rng)
-    if remaining is not None and remaining > 0:
-        delay = min(delay, max(URGENT_FLOOR, remaining * URGENT_SHARE))
-    if retry_after is not None and retry_after > 0:
-        delay = max(delay, min(retry_after, policy.maximum))
-    return delay
+    bound: float | None = None
+    if left is not None and left.expires_in > 0:
+        bound = max(URGENT_FLOOR, min(left.expires_in * URGENT_SHARE, max(0.0, left.deadline_in)))
+        delay = min(delay, bound)
+    if asked is None:
+        return Retry(delay)
+    wanted = min(asked, policy.maximum)
+    if left is not None and left.expires_in > 0 and not left.past_deadline:
+        latest = max(URGENT_FLOOR, left.deadline_in)
+        if wanted > latest:
+            return Retry(max(delay, latest), "shortened")
+    return Retry(max(delay, wanted), "honoured")
 
 
 def still_valid(expires_at: float, now: float, margin: float) -> bool:

@@ -101,6 +101,9 @@ class TokenRecord:
     consecutive_failures: int = 0
     next_due: float | None = None
     phase: Phase = "pending"
+    # Set when the published token went out unverified (its probe got no answer and the token
+    # apps read before would have expired before another try): when to probe it again.
+    verify_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +296,7 @@ FIELDS: tuple[StoredField, ...] = (
     StoredField("consecutive_failures", "token", "consecutive_failures", COUNT),
     StoredField("next_due", "token", "next_due", TIME),
     StoredField("phase", "token", "phase", PHASE),
+    StoredField("verify_at", "token", "verify_at", TIME),
     StoredField("key", "rotation", "key", SECRET),
     StoredField("key_id", "rotation", "key_id", TEXT),
     StoredField("key_created_at", "rotation", "key_created_at", TIME),

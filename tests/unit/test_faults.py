@@ -24,7 +24,15 @@ from keyturn.errors import (
 from keyturn.events import Failed, Suspicious
 from keyturn.jobs.build import build_job
 from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease
-from keyturn.policy import URGENT_FLOOR, URGENT_SHARE, BackoffPolicy, RefreshPolicy, retry_delay
+from keyturn.policy import (
+    AFTER_EXPIRY_JITTER,
+    URGENT_FLOOR,
+    URGENT_SHARE,
+    BackoffPolicy,
+    RefreshPolicy,
+    TokenLeft,
+    retry_delay,
+)
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
 from keyturn.scheduler import CredentialScheduler
@@ -124,26 +132,39 @@ def world() -> World:
 # -- 1. retries are bounded by what the token has left -------------------------------------------
 
 
+def left(expires_in: float, deadline_in: float) -> TokenLeft:
+    return TokenLeft(expires_in=expires_in, deadline_in=deadline_in)
+
+
 def test_retry_delay_never_sleeps_past_a_share_of_the_remaining_lifetime() -> None:
     rng = random.Random(1)
     for failures in range(1, 30):
         for remaining in (3.0, 10.0, 40.0, 600.0):
-            delay = retry_delay(failures, BACKOFF, rng, remaining=remaining)
-            assert delay <= max(URGENT_FLOOR, remaining * URGENT_SHARE)
-    # An expired token (or none) backs off as configured, up to the cap.
-    assert max(retry_delay(12, BACKOFF, rng, remaining=-5) for _ in range(50)) > 100
+            for wait in (False, True):
+                retry = retry_delay(
+                    failures, BACKOFF, rng, left=left(remaining, remaining / 2), provider_wait=wait
+                )
+                assert retry.delay <= max(URGENT_FLOOR, remaining * URGENT_SHARE)
+    # An expired token backs off as configured, up to the cap, after a refusal (not a wait).
+    assert max(retry_delay(12, BACKOFF, rng, left=left(-5, -10)).delay for _ in range(50)) > 100
 
 
 def test_a_credential_failing_for_weeks_still_gets_a_delay() -> None:
     many = retry_delay(
         100_000, BackoffPolicy(initial=1, maximum=300, multiplier=10), random.Random()
     )
-    assert 1 <= many <= 300
+    assert 1 <= many.delay <= 300
 
 
-def test_retry_after_stays_a_floor_even_when_the_token_is_short() -> None:
-    delay = retry_delay(1, BACKOFF, random.Random(1), retry_after=30, remaining=8)
-    assert delay == 30
+def test_retry_after_is_a_floor_only_up_to_the_last_planned_refresh() -> None:
+    rng = random.Random(1)
+    honoured = retry_delay(1, BACKOFF, rng, retry_after=6, left=left(40, 20), provider_wait=True)
+    assert (honoured.delay, honoured.retry_after) == (6, "honoured")
+    shortened = retry_delay(1, BACKOFF, rng, retry_after=600, left=left(40, 20), provider_wait=True)
+    assert (shortened.delay, shortened.retry_after) == (20, "shortened")
+    # With no token published, nothing bounds it but `max`.
+    alone = retry_delay(1, BACKOFF, rng, retry_after=600, provider_wait=True)
+    assert (alone.delay, alone.retry_after) == (300, "honoured")
 
 
 async def test_a_long_outage_does_not_push_the_retry_past_the_tokens_expiry(world: World) -> None:
@@ -157,11 +178,10 @@ async def test_a_long_outage_does_not_push_the_retry_past_the_tokens_expiry(worl
         world.server.next_responses.append(httpx.Response(503))
         outcome = await job.run()
         assert outcome.action == "failed"
-        left = expires_at - world.clock.time()
-        assert left > 0
-        assert (
-            outcome.next_due - world.clock.time() <= max(URGENT_FLOOR, left * URGENT_SHARE) + 1e-6
-        )
+        left_now = expires_at - world.clock.time()
+        assert left_now > 0
+        bound = max(URGENT_FLOOR, left_now * URGENT_SHARE) * (1 + AFTER_EXPIRY_JITTER)
+        assert outcome.next_due - world.clock.time() <= bound + 1e-6
         world.clock.advance(outcome.next_due - world.clock.time())
     # The provider is back before expiry: the next attempt publishes a new token in time.
     assert world.clock.time() < expires_at

@@ -26,6 +26,7 @@ from keyturn.events import (
     Failed,
     Probed,
     Published,
+    RetryAfterBounded,
     RotationDuration,
     RotationPlanned,
     RotationStep,
@@ -117,6 +118,10 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     observer = PrometheusObserver(registry, clock)
     observer(TokenRequest("reporting", "acme", "client_credentials", "success", 0.2))
     observer(Published("reporting", "acme", "oauth_client", clock.time(), clock.time() + 600))
+    observer(
+        Published("reporting", "acme", "oauth_client", clock.time(), clock.time() + 600, False)
+    )
+    observer(RetryAfterBounded("reporting", "acme", "overridden", 600.0, True))
     observer(Scheduled("reporting", "acme", "oauth_client", clock.time() + 400))
     observer(Failed("reporting", "acme", "oauth_client", ProviderUnavailable("down"), 1))
     observer(Suspicious("reporting", "acme", "client_rejected", "critical", "invalid_client"))
@@ -147,7 +152,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_document_has_all_its_tables() -> None:
     rows = doc_rows()
-    assert len(rows) == 30
+    assert len(rows) == 32
     assert rows["keyturn_credential_ready"].labels == {"credential", "provider", "kind"}
     assert rows["keyturn_build_info"].labels == {"version", "python"}
     assert rows["keyturn_schedule_lateness_seconds"].labels == frozenset()

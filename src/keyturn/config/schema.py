@@ -133,6 +133,7 @@ FRACTION = number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1)
 JITTER = number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5)
 WAIT = duration(positive=True, maximum=DAY)
 MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
+AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
 # (a field called `command` hides the function in its class)
 EXEC_COMMAND = command('["/usr/local/bin/rotate-key", "--vendor", "acme"]')
 HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
@@ -746,6 +747,7 @@ class BackoffTable(Table):
     initial: Annotated[float | None, WAIT] = None
     maximum: Annotated[float | None, WAIT] = Field(default=None, alias="max")
     multiplier: Annotated[float | None, MULTIPLIER] = None
+    after_expiry: Annotated[float | None, AFTER_EXPIRY] = None
 
     def build(self) -> BackoffPolicy:
         return BackoffPolicy(**_present(self))

@@ -38,7 +38,7 @@ from keyturn.errors import KeyturnError, VaultCasConflict
 from keyturn.events import Failed, Observer, Restored, Scheduled
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
-from keyturn.policy import retry_delay
+from keyturn.policy import retry_delay, token_left
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, LeaseRecord
 from keyturn.vault.store import KvStore
@@ -362,6 +362,7 @@ class CredentialJob:
         self._lease = Lease(deps.instance_id, deps.lease_seconds)
         self._consumers = deps.consumers
         self._backoff = credential.backoff
+        self._refresh = credential.refresh
         # Failures outside any task (the record cannot be read, the lease cannot be taken or
         # released), and the last state read, whose token bounds the retry delay.
         self._job_failures = 0
@@ -620,13 +621,13 @@ class CredentialJob:
         if report:
             self._observer(Failed(self.name, self.provider, self.kind, error, failures))
         now = self._clock.time()
-        expires_at = state.token.expires_at
-        remaining = expires_at - now if expires_at is not None else None
-        due = now + retry_delay(
+        left = token_left(state.token.issued_at, state.token.expires_at, self._refresh, now)
+        retry = retry_delay(
             failures,
             self._backoff,
             self._rng,
             retry_after=getattr(error, "retry_after", None),
-            remaining=remaining,
+            left=left,
         )
+        due = now + retry.delay
         return self._planned(Outcome("failed", due, state, error))

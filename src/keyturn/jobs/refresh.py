@@ -9,7 +9,10 @@
     store a rotated refresh token in the journal (CAS) ── before anything is published
      │
     probe the new token (if configured) ── 401/403: VerificationFailed, nothing published
-     │
+     │            no answer: probed again alone (PROBE_ATTEMPTS); still none: the token is
+     │            kept for the next try (ProbeUnanswered), or, if the token apps read would
+     │            expire before that try, published unverified and probed again later
+     │            (`ProbeAgain`, the job's `verify` task)
     publish with CAS (+ custom_metadata) ── conflict: someone else wrote; report, publish anew
      │
     record success and the next due time
@@ -31,10 +34,13 @@ from keyturn.errors import (
     KeyturnError,
     MalformedResponse,
     OAuthError,
+    ProbeUnanswered,
     ProviderUnavailable,
+    RateLimited,
     SecretReferenceError,
+    VerificationFailed,
 )
-from keyturn.events import Published, Suspicious, TokenRequest
+from keyturn.events import NO_ANSWER, Probed, Published, RetryAfterBounded, Suspicious, TokenRequest
 from keyturn.jobs.job import Inputs, JobDeps, Journal
 from keyturn.jobs.steps import (
     input_error,
@@ -45,7 +51,7 @@ from keyturn.jobs.steps import (
 )
 from keyturn.layout import oauth_published_fields, published_metadata
 from keyturn.logs import get_logger
-from keyturn.policy import refresh_due, retry_delay
+from keyturn.policy import refresh_due, retry_delay, token_left
 from keyturn.providers.client import GrantType, ProviderClient
 from keyturn.providers.tokens import TokenResponse
 from keyturn.secret import Secret
@@ -106,6 +112,14 @@ class Unsaved:
 # A token living less than this share of the previous one's lifetime counts as drift.
 DRIFT_LIFETIME_RATIO = 0.5
 
+# A new token's probe that gets no answer is sent again, alone, this many times in all, with
+# these pauses between (seconds): a dropped connection must not throw a good token away.
+PROBE_ATTEMPTS = 3
+PROBE_PAUSES = (0.5, 1.0)
+# A token published unverified is probed again this long after (and then after each probe
+# that still gets no answer), until its refresh replaces it.
+UNVERIFIED_RECHECK = 30.0
+
 
 def _scopes(scope: str | None) -> frozenset[str]:
     return frozenset(scope.split()) if scope else frozenset()
@@ -128,6 +142,12 @@ class TokenRefresh:
         self.credential = credential
         self._default_lifetime = client.provider.default_lifetime
         self._client = client
+        self._recovery = client.recovery
+        # When this credential last failed for want of an answer from the provider: a token
+        # issued to any credential of the provider since then makes its retry due at once.
+        self._failed_at: float | None = None
+        # A token whose probe got no answer: probed again at the next try (no new grant).
+        self._unprobed: Unsaved | None = None
         self._inputs = inputs
         self._import: PendingImport | None = None
         self._store = deps.store
@@ -146,6 +166,8 @@ class TokenRefresh:
         if force or token.phase == "pending" or token.next_due is None:
             return now
         if token.phase != "ok":
+            if self._recovery.answered_since(self._failed_at):
+                return now  # the provider answered another of its credentials since
             return token.next_due  # failing or expired: the retry time (an unsaved answer too)
         if self._unsaved is not None or state.refresh.in_flight is not None:
             return now  # an answer to store, or a refresh token to retire, before anything else
@@ -182,13 +204,17 @@ class TokenRefresh:
         finally:
             self._import = None  # an import is for one run
 
-    async def _step(self, journal: Journal) -> str:
-        state = journal.state
-        now = self._clock.time()
-        token: TokenResponse | None = None
-        requested_at = now
+    async def _carried_over(
+        self, journal: Journal, state: CredentialState, now: float
+    ) -> tuple[CredentialState, Unsaved | None]:
+        """What the last run of this process left to finish first: its own in-flight mark whose
+        token never left, an answer Vault failed to store, a refresh token whose answer was
+        lost, a token whose probe got no answer. Returns the state and a token still worth
+        publishing, if one is left."""
         unsaved, self._unsaved = self._unsaved, None
         unsent, self._unsent = self._unsent, None
+        unprobed, self._unprobed = self._unprobed, None
+        kept: Unsaved | None = None
         if unsent is not None and unsent == state.refresh.in_flight:
             # This process's own mark, whose token never left: nothing to burn.
             state = journal.stage(_not_used(state))
@@ -197,9 +223,19 @@ class TokenRefresh:
             # anything else. Its refresh token is the live one; the one in the record is used.
             state = await self._store_answer(journal, state, unsaved)
             if unsaved.expires_at(self._default_lifetime) - now > self.credential.refresh.margin:
-                token, requested_at = unsaved.token, unsaved.requested_at
+                kept = unsaved
         elif state.refresh.in_flight is not None:
             state = await self._burn(journal, state, "the answer to its last use was lost")
+        if kept is None and unprobed is not None and self._still_good(unprobed, now):
+            # The last try's token, whose probe got no answer: probe it again, ask for no other.
+            kept = unprobed
+        return state, kept
+
+    async def _step(self, journal: Journal) -> str:
+        now = self._clock.time()
+        state, kept = await self._carried_over(journal, journal.state, now)
+        token = kept.token if kept is not None else None
+        requested_at = kept.requested_at if kept is not None else now
         answer: Unsaved | None = None
         if token is None:
             token, state = await self._obtain_token(journal, state)
@@ -219,16 +255,9 @@ class TokenRefresh:
         recorded = outcome is not None and state.token is outcome
         self._check_drift(before, token, lifetime)
 
+        verified = True
         if self.credential.probe:
-            await verify_with_probe(
-                self._client,
-                self._observer,
-                credential=self.credential.name,
-                provider=self.credential.provider,
-                probe=self.credential.probe,
-                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
-                what="token",
-            )
+            verified = await self._verify(token, requested_at, before, now)
         try:
             published_version = await self._publish(
                 token.access_token, issued_at, expires_at, next_due, before
@@ -239,7 +268,14 @@ class TokenRefresh:
             raise
         self._confirmed_version = published_version
         self._observer(
-            Published(self.credential.name, self.credential.provider, KIND, issued_at, expires_at)
+            Published(
+                self.credential.name,
+                self.credential.provider,
+                KIND,
+                issued_at,
+                expires_at,
+                verified=verified,
+            )
         )
         if recorded and state.token.published_version == published_version:
             journal.ended()  # the record stored before publishing is the outcome: no release
@@ -250,8 +286,58 @@ class TokenRefresh:
         if self._import is not None and self._import.also_revoke is not None:
             await self._revoke(self._import.also_revoke)
         published = self._success(state, token, issued_at, expires_at, next_due, published_version)
+        if not verified:
+            published = replace(published, verify_at=self._clock.time() + UNVERIFIED_RECHECK)
         journal.stage(replace(state, token=published))
         return "refreshed"
+
+    def _still_good(self, answer: Unsaved, now: float) -> bool:
+        """Whether a token obtained earlier is still worth publishing: not yet past the last
+        point at which keyturn would have replaced it."""
+        expires_at = answer.expires_at(self._default_lifetime)
+        left = token_left(answer.requested_at, expires_at, self.credential.refresh, now)
+        return left is not None and not left.past_deadline
+
+    async def _verify(
+        self, token: TokenResponse, requested_at: float, before: CredentialState, now: float
+    ) -> bool:
+        """Probe a new token: True when the service accepted it. Only a refusal (401/403)
+        blocks it (VerificationFailed). A probe that gets no answer is sent again alone; if it
+        never gets one, the token is kept for the next try (ProbeUnanswered), unless the token
+        apps read now would expire before that try (past its last planned refresh, or none is
+        published): then False, and it is published unverified."""
+        assert self.credential.probe is not None
+        unanswered: ProviderUnavailable | RateLimited | None = None
+        for attempt in range(PROBE_ATTEMPTS):
+            if attempt:
+                await self._clock.sleep(PROBE_PAUSES[min(attempt, len(PROBE_PAUSES)) - 1])
+            try:
+                await verify_with_probe(
+                    self._client,
+                    self._observer,
+                    credential=self.credential.name,
+                    provider=self.credential.provider,
+                    probe=self.credential.probe,
+                    authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                    what="token",
+                )
+                return True
+            except (ProviderUnavailable, RateLimited) as error:
+                self._observer(Probed(self.credential.name, self.credential.provider, NO_ANSWER))
+                unanswered = error
+        assert unanswered is not None
+        old = before.token
+        left = token_left(old.issued_at, old.expires_at, self.credential.refresh, now)
+        if left is None or left.past_deadline or old.phase == "pending":
+            return False
+        self._unprobed = Unsaved(None, token, requested_at)
+        raise ProbeUnanswered(
+            f"probe {self.credential.probe} got no answer in {PROBE_ATTEMPTS} tries "
+            f"({unanswered.message}); the new token is kept and probed again at the next try, "
+            "nothing published",
+            credential=self.credential.name,
+            retry_after=getattr(unanswered, "retry_after", None),
+        ) from unanswered
 
     def _may_store_outcome_first(self, journal: Journal, state: CredentialState) -> bool:
         """Whether the write that stores a rotated refresh token may also store the run's
@@ -400,21 +486,35 @@ class TokenRefresh:
             # credential's own standing (its schedule, its failure count).
             return state, state.token.consecutive_failures
         failures = state.token.consecutive_failures + 1
-        expires_at = state.token.expires_at
-        remaining = expires_at - now if expires_at is not None else None
-        delay = retry_delay(
+        provider_wait = isinstance(error, (ProviderUnavailable, RateLimited))
+        if provider_wait:
+            self._recovery.failed(self.credential.name)
+            self._failed_at = now
+        else:
+            self._recovery.forget(self.credential.name)
+            self._failed_at = None
+        left = token_left(
+            state.token.issued_at, state.token.expires_at, self.credential.refresh, now
+        )
+        asked = retry_after(error)
+        retry = retry_delay(
             failures,
             self.credential.backoff,
             self._rng,
-            retry_after=retry_after(error),
-            remaining=remaining,
+            retry_after=asked,
+            left=left,
+            provider_wait=provider_wait,
+            crowd=self._recovery.crowd(),
         )
-        expired = remaining is not None and remaining <= 0
+        expired = left is not None and left.expires_in <= 0
+        if retry.retry_after is not None and asked is not None:
+            name, provider = self.credential.name, self.credential.provider
+            self._observer(RetryAfterBounded(name, provider, retry.retry_after, asked, expired))
         token = replace(
             state.token,
             consecutive_failures=failures,
             last_error=str(error),
-            next_due=now + delay,
+            next_due=now + retry.delay,
             phase="expired" if expired else "failing",
         )
         return replace(state, token=token), failures
@@ -604,7 +704,7 @@ class TokenRefresh:
         started = self._clock.monotonic()
         outcome = "success"
         try:
-            return await self._client.request_token(
+            token = await self._client.request_token(
                 self.credential.name,
                 grant_type=grant_type,
                 client_id=client_id,
@@ -612,6 +712,9 @@ class TokenRefresh:
                 refresh_token=refresh_token,
                 scope=self.credential.scope,
             )
+            self._failed_at = None
+            self._recovery.answered(self.credential.name, self._clock.time())
+            return token
         except KeyturnError as error:
             outcome = outcome_label(error)
             raise
@@ -646,3 +749,69 @@ class TokenRefresh:
             credential=self.credential.name,
             provider=self.credential.provider,
         )
+
+
+class ProbeAgain:
+    """The `verify` task of a credential with a probe: a token published unverified (its probe
+    got no answer when it was new, `TokenRefresh._verify`) is probed again every
+    UNVERIFIED_RECHECK seconds until the service answers. 2xx: verified. 401/403: the token is
+    refused (reported as `fresh_credential_rejected` by the probe step) and a refresh is due at
+    once. A token replaced meanwhile (by a refresh, or outside keyturn) needs no probe."""
+
+    name = "verify"
+
+    def __init__(self, credential: CredentialConfig, client: ProviderClient, deps: JobDeps) -> None:
+        assert credential.probe is not None
+        self.credential = credential
+        self._probe = credential.probe
+        self._client = client
+        self._store = deps.store
+        self._observer = deps.observer
+        self._clock = deps.clock
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        at = state.token.verify_at
+        return at if at is not None else math.inf
+
+    async def step(self, journal: Journal) -> str:
+        state = journal.state
+        now = self._clock.time()
+        entry = await self._store.read(self.credential.publish_to, consistent=True)
+        authorization = entry.data.get("authorization") if entry is not None else None
+        if entry is None or entry.version != state.token.published_version or not authorization:
+            journal.stage(replace(state, token=replace(state.token, verify_at=None)))
+            return "replaced"
+        try:
+            await verify_with_probe(
+                self._client,
+                self._observer,
+                credential=self.credential.name,
+                provider=self.credential.provider,
+                probe=self._probe,
+                authorization=Secret(str(authorization)),
+                what="token (published unverified)",
+            )
+        except (ProviderUnavailable, RateLimited):
+            self._observer(Probed(self.credential.name, self.credential.provider, NO_ANSWER))
+            again = replace(state.token, verify_at=now + UNVERIFIED_RECHECK)
+            journal.stage(replace(state, token=again))
+            return "unverified"
+        except VerificationFailed:
+            # Refused now: apps must not keep it a moment longer than a refresh takes.
+            refused = replace(state.token, verify_at=None, next_due=now)
+            journal.stage(replace(state, token=refused))
+            log.warning("credential.unverified_token_refused", credential=self.credential.name)
+            return "refused"
+        journal.stage(replace(state, token=replace(state.token, verify_at=None)))
+        log.info("credential.verified", credential=self.credential.name)
+        return "verified"
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        """Vault could not be read: try again later; the refresh's own standing is untouched."""
+        again = replace(state.token, verify_at=now + UNVERIFIED_RECHECK)
+        return replace(state, token=again), state.token.consecutive_failures
+
+    def defers_lease(self, state: CredentialState) -> bool:
+        return False  # it probes before it writes

@@ -1,7 +1,8 @@
 """`oauth_client`: an OAuth 2.0 client whose access token keyturn keeps fresh.
 
 The job runs the token refresh (`keyturn.jobs.refresh`), then, when `rotation` is configured,
-a client-secret rotation. A new client secret is verified by a real `client_credentials` grant
+a client-secret rotation, then, with a `probe`, the probe of a token published unverified
+(`ProbeAgain`). A new client secret is verified by a real `client_credentials` grant
 with it (and the probe, with the token obtained); it is never published, only kept privately,
 and the refresh uses it from then on. Apps read the access token (see `TokenRefresh`).
 """
@@ -13,7 +14,7 @@ from typing import Literal
 from keyturn.config import CredentialConfig
 from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
-from keyturn.jobs.refresh import TokenRefresh
+from keyturn.jobs.refresh import ProbeAgain, TokenRefresh
 from keyturn.jobs.rotation import KeyRotation
 from keyturn.jobs.steps import verify_with_probe
 from keyturn.logs import get_logger
@@ -124,4 +125,7 @@ def job(
             raise ConfigError(f"credentials[{credential.name!r}]: a rotation needs a rotator")
         target = ClientSecretTarget(credential, client, inputs, deps)
         tasks.append(KeyRotation(target, rotator, deps))
+    if credential.probe:
+        # Last: a refresh in the same run replaces an unverified token (and clears the mark).
+        tasks.append(ProbeAgain(credential, client, deps))
     return CredentialJob(credential, tasks, deps)

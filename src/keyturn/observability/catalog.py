@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from keyturn.events import NO_ANSWER
 from keyturn.providers.tokens import KNOWN_OAUTH_ERRORS
 from keyturn.vault.client import VAULT_OPERATIONS, VAULT_RESULTS
 
@@ -80,7 +81,21 @@ TOKEN_REQUESTS = _counter(
 PROBE_REQUESTS = _counter(
     "keyturn_probe_requests_total",
     ("credential", "provider", "result"),
-    "probes of new credentials: `success`, `unauthorized` (401), `forbidden` (403), `other`",
+    "probes of new credentials: `success`, `unauthorized` (401), `forbidden` (403), "
+    "`no_answer` (a network error, time-out, 5xx or 429), `other`",
+)
+UNVERIFIED_PUBLICATIONS = _counter(
+    "keyturn_unverified_publications_total",
+    ("credential", "provider"),
+    "tokens published although their probe got no answer, because the token apps read would "
+    "have expired before another try (probed again later)",
+)
+RETRY_AFTER = _counter(
+    "keyturn_retry_after_total",
+    ("credential", "provider", "outcome"),
+    "a provider's Retry-After met a credential's retry plan: `honoured`, `shortened` (to the "
+    "published token's last planned refresh) or `overridden` (past that point, or expired: the "
+    "`after_expiry` cadence instead)",
 )
 ROTATIONS = _counter(
     "keyturn_rotations_total",
@@ -207,6 +222,8 @@ ALL: tuple[MetricSpec, ...] = (
     ROTATE_AFTER,
     TOKEN_REQUESTS,
     PROBE_REQUESTS,
+    UNVERIFIED_PUBLICATIONS,
+    RETRY_AFTER,
     ROTATIONS,
     VAULT_OPERATIONS_TOTAL,
     SUSPICIOUS,
@@ -230,7 +247,8 @@ TOKEN_OUTCOMES = frozenset(
 )
 GRANT_TYPES = frozenset({"client_credentials", "refresh_token"})
 KINDS = frozenset({"oauth_client", "api_key"})
-PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", OTHER})
+PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", "no_answer", OTHER})
+RETRY_AFTER_OUTCOMES = frozenset({"honoured", "shortened", "overridden"})
 ROTATION_RESULTS = frozenset(
     {
         "started",
@@ -279,7 +297,9 @@ def bounded(word: str, allowed: frozenset[str]) -> str:
 
 
 def probe_result(status: int) -> str:
-    """The `result` word of a probe's HTTP status."""
+    """The `result` word of a probe's HTTP status (`keyturn.events.NO_ANSWER`: none)."""
+    if status == NO_ANSWER:
+        return "no_answer"
     if 200 <= status < 300:
         return "success"
     return {401: "unauthorized", 403: "forbidden"}.get(status, OTHER)

@@ -33,6 +33,7 @@ from keyturn.events import (
     Probed,
     Published,
     Restored,
+    RetryAfterBounded,
     RotationDuration,
     RotationPlanned,
     RotationStep,
@@ -167,7 +168,15 @@ def _number(value: float) -> str:
 
 
 # Counters with a `credential` label: kept by the observer and rendered like the gauges.
-_COUNTER_SPECS = (c.TOKEN_REQUESTS, c.PROBE_REQUESTS, c.ROTATIONS, c.SUSPICIOUS, c.SINK_WRITES)
+_COUNTER_SPECS = (
+    c.TOKEN_REQUESTS,
+    c.PROBE_REQUESTS,
+    c.UNVERIFIED_PUBLICATIONS,
+    c.RETRY_AFTER,
+    c.ROTATIONS,
+    c.SUSPICIOUS,
+    c.SINK_WRITES,
+)
 
 # The per-credential gauges, in the order they are exposed, and the `CredentialMetrics` field
 # each one shows (`ready` is worked out at scrape time: time alone moves it).
@@ -362,9 +371,11 @@ class PrometheusObserver:
                 labels = (credential, provider, grant, bounded(outcome, c.TOKEN_OUTCOMES))
                 self._count(self._token_requests, labels)
                 self._token_duration.labels(provider, grant).observe(max(0.0, seconds))
-            case Published(credential, provider, kind, issued_at, expires_at):
+            case Published(credential, provider, kind, issued_at, expires_at, verified):
                 now = self._clock.time()
                 self._value(credential, provider, kind, issued_at, expires_at, now, 0)
+                if not verified:
+                    self._count(c.UNVERIFIED_PUBLICATIONS, (credential, provider))
             case Restored(credential, provider, kind, issued_at, expires_at, last_success, n):
                 # After a restart, or on an instance that did not do the last refresh, nothing
                 # is published while values are valid, yet their expiry and readiness must be
@@ -396,6 +407,9 @@ class PrometheusObserver:
             case Probed(credential, provider, status):
                 result = c.probe_result(status)
                 self._count(self._probes, (credential, provider, result))
+            case RetryAfterBounded(credential, provider, outcome):
+                outcome_word = bounded(outcome, c.RETRY_AFTER_OUTCOMES)
+                self._count(c.RETRY_AFTER, (credential, provider, outcome_word))
 
     # -- what only the daemon knows -------------------------------------------------------------
 

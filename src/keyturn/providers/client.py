@@ -24,6 +24,7 @@ from keyturn.providers.http import (
     raise_if_transient,
     send_bounded,
 )
+from keyturn.providers.recovery import Recovery
 from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_token_response
 from keyturn.ratelimit import TokenBucket
 from keyturn.secret import Secret
@@ -57,6 +58,8 @@ class ProviderClient:
         self.provider = provider
         self._clock = clock
         self._bucket = TokenBucket(provider.rate_limit, clock) if provider.rate_limit else None
+        # The provider's outages as its credentials see them (shared by all of them).
+        self.recovery = Recovery(provider.rate_limit)
         self._http = ProviderHttp(
             base_url=provider.base_url,
             timeout=provider.timeout,
