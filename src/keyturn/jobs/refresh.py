@@ -305,12 +305,21 @@ class TokenRefresh:
         blocks it (VerificationFailed). A probe that gets no answer is sent again alone; if it
         never gets one, the token is kept for the next try (ProbeUnanswered), unless the token
         apps read now would expire before that try (past its last planned refresh, or none is
-        published): then False, and it is published unverified."""
+        published): then False, and it is published unverified. In that case the probe is not
+        sent again once the old token is about to expire (its pauses would outlast it)."""
         assert self.credential.probe is not None
+        old = before.token
+        left = token_left(old.issued_at, old.expires_at, self.credential.refresh, now)
+        urgent = left is None or left.past_deadline or old.phase == "pending"
         unanswered: ProviderUnavailable | RateLimited | None = None
         for attempt in range(PROBE_ATTEMPTS):
             if attempt:
-                await self._clock.sleep(PROBE_PAUSES[min(attempt, len(PROBE_PAUSES)) - 1])
+                pause = PROBE_PAUSES[min(attempt, len(PROBE_PAUSES)) - 1]
+                # The probe's retries never cost apps the token they read now.
+                closing = old.expires_at is not None and old.expires_at - self._clock.time()
+                if urgent and closing is not False and closing < 2 * pause + 1:
+                    break
+                await self._clock.sleep(pause)
             try:
                 await verify_with_probe(
                     self._client,
@@ -326,9 +335,7 @@ class TokenRefresh:
                 self._observer(Probed(self.credential.name, self.credential.provider, NO_ANSWER))
                 unanswered = error
         assert unanswered is not None
-        old = before.token
-        left = token_left(old.issued_at, old.expires_at, self.credential.refresh, now)
-        if left is None or left.past_deadline or old.phase == "pending":
+        if urgent:
             return False
         self._unprobed = Unsaved(None, token, requested_at)
         raise ProbeUnanswered(
