@@ -425,6 +425,16 @@ class TokenRefresh:
         grant also kills the access token apps read until then), and let the next grant be
         client_credentials."""
         log.warning("refresh_token.lost", credential=self.credential.name, reason=why)
+        if self._client.provider.revoke_path is None:
+            # Nothing can end that family: it lives at the provider until it expires or an
+            # administrator revokes it. Said where on-call looks (docs/runbook.md).
+            log.warning(
+                "refresh_token.orphaned",
+                credential=self.credential.name,
+                provider=self.credential.provider,
+                reason="the provider has no revoke_path: the lost refresh token's family stays "
+                "live at the provider until it expires or is revoked there",
+            )
         return await journal.save(replace(state, refresh=state.refresh.burn()))
 
     async def _revoke(self, token: Secret) -> None:
