@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from keyturn.clock import FakeClock
 from keyturn.config import CredentialConfig, ProviderConfig
@@ -328,3 +329,30 @@ async def test_a_probes_5xx_keeps_the_token_instead_of_refusing_it() -> None:
     # A 5xx is no answer about the token: kept, not refused.
     assert isinstance(failed.error, ProviderUnavailable)
     assert not any(e.detector == "fresh_credential_rejected" for e in world.observer.of(Suspicious))
+
+
+@pytest.mark.parametrize("revoke_path", [None, "/oauth/revoke"])
+async def test_a_lost_refresh_token_without_revoke_path_is_named_as_orphaned(
+    revoke_path: str | None,
+) -> None:
+    world = World()
+    world.client = ProviderClient(
+        ProviderConfig(name="acme", base_url="https://acme.test", revoke_path=revoke_path),
+        clock=world.clock,
+        transport=httpx.MockTransport(world.handle),
+    )
+    job = world.job(probe=None)
+    await job.run()  # holds a refresh token now
+    world.server.lose_answers = 1
+    with capture_logs() as logs:
+        lost = await job.run(force=True)
+        assert isinstance(lost.error, ProviderUnavailable)
+        assert (await job.run(force=True)).action == "refreshed"
+    events = [entry["event"] for entry in logs]
+    assert "refresh_token.lost" in events
+    orphaned = [entry for entry in logs if entry["event"] == "refresh_token.orphaned"]
+    if revoke_path is None:
+        assert [(e["credential"], e["provider"]) for e in orphaned] == [("reporting", "acme")]
+    else:
+        assert orphaned == []
+        assert world.server.revoked  # the family was ended instead
