@@ -36,7 +36,7 @@ from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
 from keyturn.jobs.job import Checkpoint, Outcome, lease_in_force, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
-from keyturn.members import Membership
+from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, Membership, takeover_needed
 from keyturn.notify import SystemdNotifier
 from keyturn.observability import (
     HeartbeatLiveness,
@@ -45,6 +45,7 @@ from keyturn.observability import (
     readiness_check,
 )
 from keyturn.observability.server import UsageView
+from keyturn.policy import RefreshPolicy
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Context, Runtime, running, vault_store
 from keyturn.saved_plan import SAVE_INTERVAL, PlanStore
@@ -120,20 +121,24 @@ def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Callable[[]
     return check
 
 
-Periodic = tuple[float, Callable[[], Awaitable[object]]]
+Periodic = tuple[float | Callable[[], float], Callable[[], Awaitable[object]]]
 
 
 @contextlib.asynccontextmanager
 async def background(*periodic: Periodic) -> AsyncIterator[None]:
     """Each `(interval, body)`: `body()` every `interval` seconds on the event loop's monotonic
     clock, beside the scheduler (these must not depend on its wall-clock plans); a failing body
-    is logged and called again next time. Stopped and awaited on exit."""
+    is logged and called again next time. An `interval` that is a function is asked before
+    each wait (the membership beat follows its takeover). Stopped and awaited on exit."""
     stop = asyncio.Event()
 
-    async def every(interval: float, body: Callable[[], Awaitable[object]]) -> None:
+    async def every(
+        interval: float | Callable[[], float], body: Callable[[], Awaitable[object]]
+    ) -> None:
         while not stop.is_set():
+            wait = interval() if callable(interval) else interval
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval)
+                await asyncio.wait_for(stop.wait(), timeout=wait)
             if stop.is_set():
                 return
             try:
@@ -187,16 +192,20 @@ class PlanKeeper:
             log.warning("plan.not_saved", error=str(error))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ShareKeeper:
     """This instance's place among several (`keyturn.members`): it joins before the first
-    runs, beats beside the scheduler, follows its share when instances come and go, and leaves
-    when the daemon stops."""
+    runs, beats beside the scheduler (every `interval`, which follows the takeover), tells the
+    membership before each beat the takeover its share's tokens need, follows its share when
+    instances come and go, and leaves when the daemon stops."""
 
     members: Membership
     runtime: Runtime
     scheduler: CredentialScheduler
     metrics: PrometheusObserver
+    # No token of its share known yet, though it holds oauth_client credentials (their first
+    # runs are on their way): the next beat comes after a second, to advertise their need soon.
+    waiting_for_tokens: bool = True
 
     @classmethod
     def build(
@@ -227,7 +236,38 @@ class ShareKeeper:
         )
         return cls(members, runtime, scheduler, metrics)
 
+    def interval(self) -> float:
+        """Seconds until the next beat: the membership's, as of the last beat (a third of its
+        takeover), or MIN_TAKEOVER's third while the tokens of its share are still unknown."""
+        if self.waiting_for_tokens:
+            return MIN_TAKEOVER / BEATS_PER_TAKEOVER
+        return self.members.interval
+
+    def need(self) -> float | None:
+        """The takeover this instance's share needs (`keyturn.members.takeover_needed`), from
+        the tokens its last runs left: each credential's issue and expiry and its `refresh`
+        policy. Only oauth_client credentials count: an api_key's `expires_at` is when its
+        key is due for rotation, and a key whose rotation comes late still works. Also says
+        whether it is `waiting_for_tokens`."""
+        config = self.runtime.config
+        policies = {c.name: c.refresh for c in config.credentials if c.kind == "oauth_client"}
+        tokens: list[tuple[float, float, RefreshPolicy]] = []
+        unknown = 0  # oauth_client credentials of its share whose first run has not ended
+        for view in self.scheduler.statuses():
+            state, policy = view.state, policies.get(view.name)
+            if policy is None:
+                continue
+            if state is None:
+                unknown += 1
+                continue
+            issued_at, expires_at = state.token.issued_at, state.token.expires_at
+            if issued_at is not None and expires_at is not None:
+                tokens.append((issued_at, expires_at, policy))
+        self.waiting_for_tokens = not tokens and unknown > 0
+        return takeover_needed(tokens)
+
     async def beat(self) -> None:
+        self.members.need(self.need())
         if await self.members.beat():
             summary = self.scheduler.reassign()
             for name in summary["added"]:
@@ -403,7 +443,7 @@ async def open_daemon(
                 loops: list[Periodic] = [
                     (VAULT_RECHECK_SECONDS, vault_waker(runtime, scheduler)),
                     (SAVE_INTERVAL, plans.save),
-                    (shares.members.interval, shares.beat),
+                    (shares.interval, shares.beat),
                 ]
                 if isinstance(clock, SystemClock):
                     guard = WallClockGuard(

@@ -1,17 +1,28 @@
 """Several instances, one configuration: which instances are alive, and whose each credential is.
 
 Every daemon keeps an entry in one record, `<state_prefix>/_members`: one field per instance
-id holding its session, host, address, start, a beat counter and when it beat. Each beat is
-one consistent read and one check-and-set write of that record (a lost check-and-set reads
-and writes again), so membership lives in the store every instance already shares, with no
-LIST, no delete permission and no consensus of keyturn's own. A daemon that stops leaves:
-it takes its entry out at once and its share moves without waiting.
+id holding its session, host, address, start, a beat counter and when it beat, the takeover
+it beats to and the takeover its own tokens need. Each beat is one consistent read and one
+check-and-set write of that record (a lost check-and-set reads and writes again), so
+membership lives in the store every instance already shares, with no LIST, no delete
+permission and no consensus of keyturn's own. A daemon that stops leaves: it takes its entry
+out at once and its share moves without waiting.
 
-An instance is alive while its beat counter moves. The judge measures that on its own
-monotonic clock: clock skew between hosts does not move a takeover. An entry seen for the
-first time is dated by its own `beat_at`; that is the only place another host's wall clock
-counts. Each instance also measures its own skew against Vault's clock (its `beat_at` against
-the `created_time` Vault gave the version it wrote) and warns when it is off by more than
+The takeover follows the tokens. A dead instance's credentials must be run by another before
+their published tokens expire, so the takeover must fit in what a token has left after its
+last planned refresh (its slack, `slack`): each instance derives the takeover its share needs
+(`takeover_needed`: a third of the smallest slack, at least MIN_TAKEOVER) and advertises it
+(`needs`); every instance beats to the least of `takeover_after` (a cap), its own need and
+the needs of the other live instances (`takeover`, advertised too), so all converge on the
+cluster's smallest need within a beat: the survivors are the ones who must notice in time.
+
+An instance is alive while its beat counter moves, and gone once it has not moved for the
+takeover that instance advertised (an entry that advertises none: `takeover_after`), so a
+change of cadence is never taken for a death. The judge measures that on its own monotonic
+clock: clock skew between hosts does not move a takeover. An entry seen for the first time is
+dated by its own `beat_at`; that is the only place another host's wall clock counts. Each
+instance also measures its own skew against Vault's clock (its `beat_at` against the
+`created_time` Vault gave the version it wrote) and warns when it is off by more than
 SKEW_WARNING: leases are dated by wall clocks.
 
 Shares: a credential belongs to the live instance with the highest rendezvous weight
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -36,12 +48,20 @@ from dataclasses import asdict, dataclass, replace
 from keyturn.clock import Clock
 from keyturn.errors import KeyturnError, VaultCasConflict, VaultDataError
 from keyturn.logs import get_logger
+from keyturn.policy import RefreshPolicy, refresh_window
 from keyturn.vault.store import KvEntry, KvStore
 
 log = get_logger("keyturn.members")
 
 RECORD = "_members"  # under the state prefix, beside the credentials' records
-BEATS_PER_TAKEOVER = 3  # an instance beats this many times within `takeover_after`
+BEATS_PER_TAKEOVER = 3  # an instance beats this many times within its takeover
+MIN_TAKEOVER = 3.0  # seconds: the least takeover (the configuration's minimum of takeover_after)
+# A takeover needed by a token is this share of its slack: noticing a death takes up to the
+# takeover and two beats (the last beat is seen at the judge's next one): 5/9 of the slack,
+# which leaves 4/9 for the new owner's run (its read, the dead holder's lease, which is never
+# longer than half of what the token has left, a token request, the publish).
+SLACK_SHARE = 1 / 3
+TAKEOVER_LOGGED = 0.1  # a change of the takeover by this share of it is logged (members.takeover)
 WRITE_ATTEMPTS = 3  # check-and-set attempts per beat before the beat counts as failed
 SKEW_WARNING = 2.0  # seconds between this host's clock and Vault's that are worth a warning
 FORGET_AFTER = 3600.0  # a gone instance's entry is dropped this long after its last beat
@@ -74,6 +94,35 @@ def owner(credential: str, instances: Iterable[str]) -> str | None:
     return max(instances, key=lambda i: (weight(i, credential), i), default=None)
 
 
+def slack(issued_at: float, expires_at: float, policy: RefreshPolicy) -> float:
+    """Seconds from a token's latest planned refresh (`refresh_window`) to its expiry: how
+    late its refresh may start, at worst, with apps still reading a valid token."""
+    return expires_at - refresh_window(issued_at, expires_at, policy)[1]
+
+
+def takeover_needed(tokens: Iterable[tuple[float, float, RefreshPolicy]]) -> float | None:
+    """The takeover these tokens need, each given as (issued_at, expires_at, its credential's
+    refresh policy): SLACK_SHARE of the smallest `slack`, never below MIN_TAKEOVER; None
+    without tokens. For a 30 s token and the default policy the latest refresh is at the
+    midpoint: a slack of 15 s, a takeover of 5 s.
+
+    Only access tokens belong here. An API key's `expires_at` is the time it is due for
+    rotation, not an expiry: a key whose rotation comes late (its owner died) still works,
+    and its rotation's grace period keeps the old key working too, so a late takeover costs
+    no read of a dead credential."""
+    smallest = min((slack(*token) for token in tokens), default=None)
+    return None if smallest is None else max(MIN_TAKEOVER, smallest * SLACK_SHARE)
+
+
+def _seconds(value: object) -> float | None:
+    """An advertised takeover or need: a positive, finite number of seconds, else None (an
+    entry from an older keyturn has none; a value that is not one counts as none)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    seconds = float(value)
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class Member:
     """One instance's entry in the record (no secrets: names, times and a counter)."""
@@ -87,10 +136,17 @@ class Member:
     beat: int  # moves at every beat: what "alive" is judged by
     beat_at: float  # epoch seconds of the last beat, its own clock
     skew: float | None = None  # its clock minus Vault's, as it last measured
+    # The takeover (seconds) it beats to, a beat every third of it: it is judged gone once its
+    # beat has not moved for this long (None: an older keyturn's entry, judged by the judge's
+    # own takeover_after).
+    takeover: float | None = None
+    needs: float | None = None  # the takeover its own share's tokens need (None: no need known)
 
     def to_json(self) -> str:
         fields = asdict(self)
         del fields["instance"]  # the record's field name
+        if fields["needs"] is None:
+            del fields["needs"]
         return json.dumps(fields, sort_keys=True)
 
     @classmethod
@@ -109,6 +165,8 @@ class Member:
                 beat=int(raw["beat"]),
                 beat_at=float(raw["beat_at"]),
                 skew=None if skew is None else float(skew),
+                takeover=_seconds(raw.get("takeover")),
+                needs=_seconds(raw.get("needs")),
             )
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise VaultDataError(
@@ -116,6 +174,14 @@ class Member:
                 f"({type(exc).__name__})",
                 path=path,
             ) from None
+
+
+def gone_after(member: Member, takeover_after: float) -> float:
+    """How long `member`'s beat may stand still before it is gone: the takeover it advertises
+    (an older keyturn's entry advertises none: the judge's own `takeover_after`)."""
+    if member.takeover is None:
+        return takeover_after
+    return max(MIN_TAKEOVER, member.takeover)
 
 
 def read_members(entry: KvEntry | None, path: str) -> dict[str, Member]:
@@ -143,10 +209,12 @@ class Seen:
 class Membership:
     """This instance's entry in the record, its view of the others, and its share.
 
-    `join` before the first runs, `beat` every `interval` seconds, `leave` when stopping.
-    `owns(name)` answers from the last view; `join` and `beat` return whether the share may
-    have changed since either last returned (the set of live instances moved, or this one
-    stood down or came back): then the caller plans again who runs what."""
+    `join` before the first runs, `beat` every `interval` seconds (read again after each
+    beat: it follows `takeover`), `leave` when stopping. `need` before a beat tells it the
+    takeover this instance's own tokens need (`takeover_needed`). `owns(name)` answers from
+    the last view; `join` and `beat` return whether the share may have changed since either
+    last returned (the set of live instances moved, or this one stood down or came back): then
+    the caller plans again who runs what."""
 
     def __init__(
         self,
@@ -167,7 +235,10 @@ class Membership:
         self._path = members_path(state_prefix)
         self._clock = clock
         self.instance = instance_id
-        self.takeover_after = takeover_after
+        self.takeover_after = takeover_after  # the cap, as configured
+        self._need: float | None = None  # what this instance's own tokens need
+        self._takeover = max(MIN_TAKEOVER, takeover_after)  # what it beats to
+        self._takeover_logged = self._takeover  # (tokens' lifetimes vary by a second or so)
         self._me = Member(
             instance=instance_id,
             session=session or secrets.token_hex(8),
@@ -198,9 +269,21 @@ class Membership:
         self._told: tuple[tuple[str, ...], bool] = (self._live, False)  # last answered for
 
     @property
+    def takeover(self) -> float:
+        """The takeover this instance beats to: the least of `takeover_after`, its own need and
+        the needs the other live instances advertise (at least MIN_TAKEOVER), as of the last
+        beat that read the record."""
+        return self._takeover
+
+    @property
     def interval(self) -> float:
-        """Seconds between beats."""
-        return self.takeover_after / BEATS_PER_TAKEOVER
+        """Seconds between beats: a third of `takeover`."""
+        return self._takeover / BEATS_PER_TAKEOVER
+
+    def need(self, seconds: float | None) -> None:
+        """The takeover this instance's own share needs (`takeover_needed`; None: none known),
+        advertised and followed from the next beat on."""
+        self._need = None if seconds is None else max(MIN_TAKEOVER, seconds)
 
     @property
     def live(self) -> tuple[str, ...]:
@@ -231,10 +314,12 @@ class Membership:
         other = await self._entry_under_our_id()
         if other is None or other.session == self._me.session:
             return await self.beat()
-        recent = self._clock.time() - other.beat_at < self.takeover_after
+        takeover = gone_after(other, self.takeover_after)
+        recent = self._clock.time() - other.beat_at < takeover
         if recent and not self._crashed_here(other):
-            log.info("members.waiting", instance=self.instance, seconds=round(self.interval, 1))
-            await self._clock.sleep(self.interval + 1.0)
+            wait = takeover / BEATS_PER_TAKEOVER  # one beat of that process
+            log.info("members.waiting", instance=self.instance, seconds=round(wait, 1))
+            await self._clock.sleep(wait + 1.0)
             current = await self._entry_under_our_id()
             if current is not None and (current.session, current.beat) != (
                 other.session,
@@ -261,6 +346,7 @@ class Membership:
                 self._measure_skew(entry)
                 self._check_namesake(members.get(self.instance))
                 self._judge(members)
+                self._follow(members)
                 if not self.standing_down:
                     await self._write(entry, members)
                     await self._check_clock()
@@ -304,17 +390,36 @@ class Membership:
     # -- the view -----------------------------------------------------------------------------
 
     def _judge(self, members: Mapping[str, Member]) -> None:
-        """Which instances are alive now."""
+        """Which instances are alive now: each judged by its own advertised takeover."""
         now_mono, now = self._clock.monotonic(), self._clock.time()
         live, seen = {self.instance}, {}
         for name, member in members.items():
             if name == self.instance:
                 continue
             seen[name] = self._sighting(self._seen.get(name), member, now_mono, now)
-            if now_mono - seen[name].at < self.takeover_after:
+            if now_mono - seen[name].at < gone_after(member, self.takeover_after):
                 live.add(name)
         self._seen = seen
         self._set_live(tuple(sorted(live)), members)
+
+    def _follow(self, members: Mapping[str, Member]) -> None:
+        """The takeover to beat to from now on: the least of `takeover_after`, this
+        instance's need and the needs of the other live instances, at least MIN_TAKEOVER. A
+        live instance's credentials are this one's to take over should it die, so its need
+        is this one's too."""
+        needs = [members[name].needs for name in self._live if name != self.instance]
+        wanted = [self.takeover_after, self._need, *needs]
+        takeover = max(MIN_TAKEOVER, min(s for s in wanted if s is not None))
+        if abs(takeover - self._takeover_logged) >= TAKEOVER_LOGGED * self._takeover_logged:
+            log.info(
+                "members.takeover",
+                instance=self.instance,
+                seconds=round(takeover, 3),
+                beat_every=round(takeover / BEATS_PER_TAKEOVER, 3),
+                was=round(self._takeover_logged, 3),
+            )
+            self._takeover_logged = takeover
+        self._takeover = takeover
 
     @staticmethod
     def _sighting(before: Seen | None, member: Member, now_mono: float, now: float) -> Seen:
@@ -342,7 +447,13 @@ class Membership:
         """This instance's beat, with the others' entries as read (gone ones kept for an hour,
         for `keyturn status --instances`)."""
         now = self._clock.time()
-        me = replace(self._me, beat=self._me.beat + 1, beat_at=now)
+        me = replace(
+            self._me,
+            beat=self._me.beat + 1,
+            beat_at=now,
+            takeover=round(self._takeover, 3),
+            needs=None if self._need is None else round(self._need, 3),
+        )
         kept = {
             name: m
             for name, m in members.items()
@@ -389,7 +500,7 @@ class Membership:
     def _check_namesake(self, holder: Member | None) -> None:
         """Our id's entry as read. Written by another process (a namesake), the younger of the
         two stands down; the one standing down comes back once the namesake left or went
-        silent for `takeover_after`."""
+        silent for the takeover it advertises."""
         ours = (
             holder is None
             or holder.session == self._me.session
@@ -404,7 +515,7 @@ class Membership:
                 self._namesake, holder, self._clock.monotonic(), self._clock.time()
             )
             self._namesake = sighting
-            if self._clock.monotonic() - sighting.at >= self.takeover_after:
+            if self._clock.monotonic() - sighting.at >= gone_after(holder, self.takeover_after):
                 self._resume()
             return
         if ours:
@@ -432,7 +543,9 @@ class Membership:
 
     def _beat_failed(self, error: KeyturnError | None) -> None:
         """Logged at every failure; reported once per run of failures, when the others count
-        this instance as gone."""
+        this instance as gone (silent for the takeover it last advertised), and only if there
+        are others: a lone instance's share goes to nobody, and its beat failing is then no
+        news beyond the log (a sealed Vault is reported by what it stops)."""
         now = self._clock.monotonic()
         since = None if self._last_written_at is None else now - self._last_written_at
         log.warning(
@@ -441,7 +554,9 @@ class Membership:
             error=str(error) if error else f"{WRITE_ATTEMPTS} check-and-set conflicts in a row",
             seconds_since_last_beat=None if since is None else round(since, 1),
         )
-        if (since is None or since >= self.takeover_after) and not self._beat_reported:
+        judged_by = self._me.takeover if self._me.takeover is not None else self.takeover_after
+        others = any(name != self.instance for name in self._live)
+        if (since is None or since >= judged_by) and others and not self._beat_reported:
             self._beat_reported = True
             self._on_problem(
                 "beat_failed",

@@ -9,7 +9,9 @@ standby node and call the sandbox with what they read (`AppSampler`).
    instance up owns everything until the others have joined, then hands most of it over).
 1. SIGKILL one instance: every credential it published last is published again by another
    instance within takeover_after plus one refresh window; no app reads an expired token, and
-   no refresh token is presented twice (the sandbox revokes a token family on reuse).
+   no refresh token is presented twice (the sandbox revokes a token family on reuse). With
+   the default takeover_after and refresh policy and 30-second tokens, the instances beat to
+   the takeover the tokens need (5 s) and SIGKILL costs no expired read either.
 2. Stop the Raft leader: after the election keyturn goes on publishing; no app reads an
    expired token; every private record still holds a refresh token, the one the sandbox has
    active, of the same family as before.
@@ -38,6 +40,7 @@ from typing import Any
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn.members import owner
 from keyturn_devkit.dev.raft import OpenBaoRaftCluster
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.apps import AppSampler
@@ -73,6 +76,11 @@ EARLIEST_LONG_REFRESH = (0.66 - 0.1) * LONG_LIFETIME
 BACKOFF = {"initial": "200ms", "max": "1s"}
 # Test 4: how far k2's wall clock runs ahead of everyone's.
 SKEW = 5.0
+# Test 1b: 30-second tokens under the default refresh policy (margin 60 s: the latest refresh
+# is at the midpoint, 15 s before expiry) and the default takeover_after (30 s): the tokens
+# need a takeover within a third of those 15 s.
+DEFAULT_LIFETIME = 30
+NEEDED_TAKEOVER = 5.0
 
 
 def sandbox_for(tmp_path: Path, lifetime: int) -> SandboxProcess:
@@ -92,16 +100,28 @@ def sandbox_short(tmp_path: Path) -> Iterator[SandboxProcess]:
 
 
 @pytest.fixture
+def sandbox_default(tmp_path: Path) -> Iterator[SandboxProcess]:
+    with sandbox_for(tmp_path, DEFAULT_LIFETIME) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
 def sandbox_long(tmp_path: Path) -> Iterator[SandboxProcess]:
     with sandbox_for(tmp_path, LONG_LIFETIME) as sandbox:
         yield sandbox
 
 
 def deploy(
-    cluster: OpenBaoRaftCluster, sandbox: SandboxProcess, workdir: Path, refresh: dict[str, Any]
+    cluster: OpenBaoRaftCluster,
+    sandbox: SandboxProcess,
+    workdir: Path,
+    refresh: dict[str, Any] | None,
+    takeover_after: float | None = TAKEOVER_AFTER,
 ) -> Deployment:
-    """Six credentials under a namespace of their own (their own `_members` record too)."""
-    keyturn = {"takeover_after": f"{TAKEOVER_AFTER:g}s"}
+    """Six credentials under a namespace of their own (their own `_members` record too).
+    `refresh` None and `takeover_after` None leave keyturn's defaults."""
+    keyturn = {} if takeover_after is None else {"takeover_after": f"{takeover_after:g}s"}
+    credential = {"backoff": BACKOFF} | ({} if refresh is None else {"refresh": refresh})
     return prepare_deployment(
         cluster,  # type: ignore[arg-type]  # stands in for a dev server: address, root_token
         sandbox,
@@ -109,7 +129,7 @@ def deploy(
         CREDENTIALS,
         namespace=f"i{uuid.uuid4().hex[:8]}",
         keyturn=keyturn,
-        credential={"refresh": refresh, "backoff": BACKOFF},
+        credential=credential,
     )
 
 
@@ -321,6 +341,81 @@ def test_a_killed_instances_credentials_are_taken_over(
     assert not any(reason == "refresh token reuse" for f in revoked.values() for _, reason in f)
     assert all(after[name].writer in survivors for name in owned), after
     assert all(seconds <= bound for seconds in takeover.values()), takeover
+
+
+def advertised_takeovers(cluster: OpenBaoRaftCluster, deployment: Deployment) -> dict[str, Any]:
+    """The takeover each instance's entry in the `_members` record advertises (None: none)."""
+    record = read_record(
+        cluster.leader().address, cluster.root_token, f"{deployment.state_prefix}/_members"
+    )
+    return {name: json.loads(entry).get("takeover") for name, entry in record.items()}
+
+
+def test_the_default_takeover_keeps_up_with_30_second_tokens(
+    healthy_cluster: OpenBaoRaftCluster, sandbox_default: SandboxProcess, tmp_path: Path
+) -> None:
+    """Nothing about takeovers configured: takeover_after and the refresh policy are the
+    defaults, the tokens live 30 s. Each instance derives from its tokens the takeover they
+    need (5 s: a third of the 15 s left after the latest planned refresh) and all three beat to
+    it. SIGKILL the instance that owns the most credentials: its credentials are published
+    again by the survivors, and over a whole token lifetime after the kill (plus 10 s) no app
+    reads an expired token; `keyturn check` says that takeover_after is a cap."""
+    cluster = healthy_cluster
+    deployment = deploy(cluster, sandbox_default, tmp_path, refresh=None, takeover_after=None)
+    fleet = Instances(deployment.config_path, tmp_path, INSTANCE_IDS, cluster.addresses)
+    apps = apps_for(cluster, sandbox_default, deployment)
+    began = time.monotonic()
+    fleet.start()
+    try:
+        apps.start(limit=90)
+        wait_all_published(apps)
+        # Settled: every instance has run its share and beats to the takeover its tokens need
+        # (at its second beat, 10 s after its start at the default cadence); then on.
+        deadline = time.monotonic() + 25
+        advertised = advertised_takeovers(cluster, deployment)
+        while time.monotonic() < deadline and not (
+            set(advertised) == set(INSTANCE_IDS)
+            and all(t is not None and t <= NEEDED_TAKEOVER for t in advertised.values())
+        ):
+            time.sleep(0.25)
+            advertised = advertised_takeovers(cluster, deployment)
+        shares = Counter(owner(name, INSTANCE_IDS) for name in CREDENTIALS)
+        victim = min(shares, key=lambda instance: (-shares[instance], instance))
+        owned = sorted(name for name in CREDENTIALS if owner(name, INSTANCE_IDS) == victim)
+        killed_at, settled_after = time.time(), time.monotonic() - began
+        fleet[victim].stop(signal.SIGKILL)
+        horizon = DEFAULT_LIFETIME + 10
+        takeover = published_after(cluster, deployment, owned, killed_at, timeout=horizon)
+        sleep_until(killed_at + horizon)  # apps go on reading a whole token lifetime and more
+        check = subprocess.run(
+            [sys.executable, "-m", "keyturn", "check", "-c", str(deployment.config_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        apps.stop()
+        codes = fleet.stop()
+    after = read_published(cluster.leader().address, cluster.root_token, deployment.publish_to)
+    survivors = [i for i in INSTANCE_IDS if i != victim]
+    print(
+        f"\ndefault takeover: advertised {advertised} {settled_after:.1f}s after the start; "
+        f"killed {victim}, which owned {owned}; published again after the kill: "
+        + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in sorted(takeover.items()))
+        + f"; writers now {Counter(p.writer for p in after.values())}; exit codes {codes}; "
+        f"the whole test {time.monotonic() - began:.1f}s"
+    )
+    print_apps("default takeover, after a SIGKILL", apps)
+    print(f"keyturn check:\n{check.stdout}{check.stderr}")
+    assert apps.expired() == [] and apps.refused() == []
+    assert owned and all(after[name].writer in survivors for name in owned), after
+    assert codes == dict.fromkeys(survivors, 0)
+    assert advertised == dict.fromkeys(INSTANCE_IDS, pytest.approx(NEEDED_TAKEOVER, abs=0.5))
+    assert refresh_token_reuses(sandbox_default, deployment) == 0
+    assert check.returncode == 0, check.stderr
+    assert "keyturn.takeover_after: 30s is a cap" in check.stdout
+    assert "beat every 1.7s instead of every 10.0s" in check.stdout
 
 
 # -- 2. the Raft leader stops --------------------------------------------------------------

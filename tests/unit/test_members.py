@@ -1,5 +1,6 @@
 """Membership and shares (`keyturn.members`) over the in-memory Vault, on fake clocks: who is
-alive, whose each credential is, and what a namesake, a skewed clock or a failing heartbeat do.
+alive, whose each credential is, and what a namesake, a skewed clock or a failing heartbeat do;
+the takeover the tokens need, which every instance follows and judges the others by.
 """
 
 from __future__ import annotations
@@ -7,13 +8,29 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 import pytest
+from structlog.testing import capture_logs
 
 from keyturn.clock import FakeClock
+from keyturn.config import parse_config
+from keyturn.daemon import ShareKeeper, background
 from keyturn.errors import VaultUnavailable
-from keyturn.members import Membership, members_path, owner, read_members
+from keyturn.jobs.job import Outcome
+from keyturn.members import (
+    MIN_TAKEOVER,
+    Member,
+    Membership,
+    members_path,
+    owner,
+    read_members,
+    takeover_needed,
+)
+from keyturn.policy import RefreshPolicy
+from keyturn.scheduler import JobView
 from keyturn.secret import Secret
+from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 
 CREDENTIALS = [f"cred-{i}" for i in range(60)]
@@ -73,9 +90,10 @@ async def test_a_lone_instance_owns_every_credential_and_its_entry_holds_no_secr
     assert entry is not None and set(entry.data) == {"k0"}
     fields = json.loads(entry.data["k0"])
     assert set(fields) == {
-        *("session", "host", "address", "pid", "started", "beat", "beat_at", "skew")
+        *("session", "host", "address", "pid", "started", "beat", "beat_at", "skew", "takeover")
     }
     assert fields["beat"] == 1
+    assert fields["takeover"] == TAKEOVER  # no need known: the configured cap; `needs` absent
 
 
 async def test_shares_are_disjoint_cover_everything_and_a_newcomer_takes_only_its_own() -> None:
@@ -312,3 +330,273 @@ async def test_a_beat_that_loses_a_race_still_tells_that_the_view_moved(races: i
     assert await a.beat() is True
     assert a.live == ("k0",) and share(a) == set(CREDENTIALS)
     assert await a.beat() is False  # told once
+
+
+# -- the takeover the tokens need --------------------------------------------------------------
+
+DEFAULT = RefreshPolicy()
+T0 = 1_800_000_000.0
+
+
+def test_the_takeover_needed_is_a_third_of_the_least_slack_and_at_least_the_minimum() -> None:
+    """The slack of a token is what is left after its latest planned refresh: for 30 s with
+    the default policy (margin 60 s) the midpoint, 15 s, so 5 s; for 10 s tokens 1.7 s, raised
+    to the minimum; for one-hour tokens the latest refresh is at 0.76 of the hour (864 s left);
+    a smaller `at` leaves more."""
+    assert takeover_needed([]) is None
+    assert takeover_needed([(T0, T0 + 30, DEFAULT)]) == pytest.approx(5.0)
+    assert takeover_needed([(T0, T0 + 10, DEFAULT)]) == MIN_TAKEOVER == 3.0
+    assert takeover_needed([(T0, T0 + 3600, DEFAULT)]) == pytest.approx(288.0)
+    early = RefreshPolicy(at=0.3, jitter=0.1, margin=2.0)
+    assert takeover_needed([(T0, T0 + 30, early)]) == pytest.approx(6.0)  # 18 s left
+    mixed = [(T0, T0 + 3600, DEFAULT), (T0 + 7, T0 + 37, DEFAULT), (T0, T0 + 60, early)]
+    assert takeover_needed(mixed) == pytest.approx(5.0)
+
+
+async def beat_all(*members: Membership) -> None:
+    for m in members:
+        await m.beat()
+
+
+async def test_every_instance_follows_the_smallest_need_of_the_live_instances() -> None:
+    """k0's tokens need 6 s, k1's 12 s, k2 has none: after one beat each, all three beat to
+    6 s (a third of it apart), each advertising its takeover and its own need. When k0 dies,
+    the survivors count it gone 6 s after its last beat and follow k1's 12 s from then on."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a, b, c = (member(store, vault, f"k{i}") for i in range(3))
+    for m in (a, b, c):
+        await m.join()
+    assert {m.takeover for m in (a, b, c)} == {TAKEOVER}
+    a.need(6.0)
+    b.need(12.0)
+    await beat_all(a, b, c)
+    await beat_all(a, b, c)  # each has read the others' latest entries
+    assert [m.takeover for m in (a, b, c)] == [6.0, 6.0, 6.0]
+    assert [m.interval for m in (a, b, c)] == [2.0, 2.0, 2.0]
+    written = read_members(await store.read(members_path("keyturn/state")), "members")
+    assert {name: (e.takeover, e.needs) for name, e in written.items()} == {
+        "k0": (6.0, 6.0),
+        "k1": (6.0, 12.0),
+        "k2": (6.0, None),
+    }
+    # k0 dies; k1 and k2 beat every 2 s.
+    for _ in range(2):
+        advance(2.0, vault)
+        await beat_all(b, c)
+        assert b.live == c.live == ("k0", "k1", "k2")
+    advance(2.0, vault)
+    await beat_all(b, c)
+    assert b.live == c.live == ("k1", "k2")
+    assert b.takeover == c.takeover == 12.0
+    assert b.interval == pytest.approx(4.0)
+
+
+async def test_a_member_is_judged_by_the_takeover_it_advertises() -> None:
+    """k1's tokens come to need 6 s while k0 still beats to 30 s (every 10 s): k1 does not
+    count k0 gone after 6 s of k0's silence, for k0 said it beats every 10 s. k0's next beat
+    follows k1's need; once k0 dies, k1 counts it gone 6 s after that last beat, not 30."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    a, b = await pair(store, vault)
+    b.need(6.0)
+    await b.beat()
+    assert b.takeover == 6.0 and a.takeover == TAKEOVER
+    elapsed = 0.0
+    while elapsed + b.interval < a.interval:
+        advance(b.interval, vault)
+        elapsed += b.interval
+        await b.beat()
+        assert b.live == ("k0", "k1"), f"k0 judged gone after {elapsed:.1f}s"
+    advance(a.interval - elapsed, vault)
+    await a.beat()  # its last: it reads k1's need and advertises 6 s
+    await b.beat()  # (due too: 10 s is a multiple of its 2 s)
+    assert a.takeover == 6.0
+    advance(5.0, vault)
+    await b.beat()
+    assert b.live == ("k0", "k1")
+    advance(1.0, vault)
+    await b.beat()
+    assert b.live == ("k1",)
+
+
+async def test_an_entry_of_an_older_keyturn_parses_and_is_judged_by_takeover_after() -> None:
+    """An entry without `takeover` and `needs` (written by a keyturn before them) still reads,
+    and is gone once silent for this instance's configured takeover_after, whatever takeover
+    this instance beats to."""
+    old = json.dumps(
+        {"session": "s", "host": "h", "address": None, "pid": 9, "started": T0, "beat": 4}
+        | {"beat_at": T0, "skew": None}
+    )
+    parsed = Member.from_json("old", old, "members")
+    assert (parsed.takeover, parsed.needs, parsed.beat) == (None, None, 4)
+    vault = FakeClock(start=T0)
+    store = FakeVaultStore(clock=vault)
+    store.external_write(members_path("keyturn/state"), {"old": old})
+    a = member(store, vault, "k0")
+    a.need(6.0)
+    await a.join()
+    assert a.takeover == 6.0 and a.live == ("k0", "old")
+    while vault.time() + a.interval < T0 + TAKEOVER:
+        advance(a.interval, vault)
+        await a.beat()
+        assert a.live == ("k0", "old"), f"gone after {vault.time() - T0:.1f}s"
+    advance(T0 + TAKEOVER - vault.time(), vault)
+    await a.beat()
+    assert a.live == ("k0",)
+    # A value that is not a positive number of seconds counts as none.
+    odd = json.loads(old) | {"takeover": "soon", "needs": -1}
+    assert Member.from_json("odd", json.dumps(odd), "members").takeover is None
+
+
+async def test_a_lone_instance_whose_heartbeat_fails_logs_it_and_reports_nothing() -> None:
+    """Alone, no other instance would take its share: a failing beat (Vault sealed) is logged
+    at every beat, never reported as an instance_membership problem."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    alone = member(store, vault, "k0", problems)
+    await alone.join()
+    with capture_logs() as logs:
+        for _ in range(2 * round(TAKEOVER / alone.interval)):
+            advance(alone.interval, vault)
+            store.fail_next(VaultUnavailable("vault is sealed"))
+            await alone.beat()
+    assert problems == []
+    failed = [entry for entry in logs if entry["event"] == "members.beat_failed"]
+    assert len(failed) == 2 * round(TAKEOVER / alone.interval)
+    assert all(entry["log_level"] == "warning" for entry in failed)
+
+
+async def test_a_failing_heartbeat_is_reported_when_the_others_count_it_gone() -> None:
+    """With another live instance, the report comes once this one has been silent for the
+    takeover it advertised (6 s here, its tokens' need), when the other takes its share."""
+    vault = FakeClock()
+    store = FakeVaultStore(clock=vault)
+    problems: list[tuple[str, str]] = []
+    a, b = member(store, vault, "k0"), member(store, vault, "k1", problems)
+    await a.join()
+    b.need(6.0)
+    await b.join()
+    await a.beat()
+    assert b.takeover == 6.0
+    for _ in range(2):
+        advance(b.interval, vault)
+        store.fail_next(VaultUnavailable("vault is sealed"))
+        await b.beat()
+    assert problems == []  # silent for 4 s: not yet gone
+    advance(b.interval, vault)
+    store.fail_next(VaultUnavailable("vault is sealed"))
+    await b.beat()
+    assert [kind for kind, _ in problems] == ["beat_failed"]
+    assert "k1" in problems[0][1] and "for 6s" in problems[0][1]
+
+
+# -- the daemon's side: the need of its share --------------------------------------------------
+
+SHARE_CONFIG = """\
+[vault]
+address = "https://vault.example.com"
+auth = { method = "token", token = "env:VAULT_TOKEN" }
+
+[[providers]]
+name = "acme"
+base_url = "https://acme.example.com"
+
+[[rotators]]
+name = "by-hand"
+type = "manual"
+
+[[credentials]]
+name = "short"
+provider = "acme"
+kind = "oauth_client"
+client_id = "vault:secret/keyturn/inputs/short#client_id"
+client_secret = "vault:secret/keyturn/inputs/short#client_secret"
+publish_to = "apps/short/acme"
+
+[[credentials]]
+name = "early"
+provider = "acme"
+kind = "oauth_client"
+client_id = "vault:secret/keyturn/inputs/early#client_id"
+client_secret = "vault:secret/keyturn/inputs/early#client_secret"
+publish_to = "apps/early/acme"
+refresh = { at = 0.3, jitter = 0.1, margin = "2s" }
+
+[[credentials]]
+name = "key"
+provider = "acme"
+kind = "api_key"
+publish_to = "apps/key/acme"
+probe = "/v1/users"
+rotation = { max_age = "30d", rotator = "by-hand" }
+"""
+
+
+def view(name: str, kind: str, token: TokenRecord | None) -> JobView:
+    outcome = None if token is None else Outcome("refreshed", T0, CredentialState(token=token))
+    return JobView(name, kind, None, outcome, running=False)
+
+
+def keeper(members: Membership, views: list[JobView]) -> tuple[ShareKeeper, list[int]]:
+    """A ShareKeeper over stand-ins: the configuration above, a scheduler whose share holds
+    `views`, metrics that keep what they were told."""
+    config = parse_config(SHARE_CONFIG, "keyturn.toml", {"VAULT_TOKEN": "unused"})
+    told: list[int] = []
+    scheduler = SimpleNamespace(
+        statuses=lambda: views, owned=frozenset(v.name for v in views), reassign=None
+    )
+    metrics = SimpleNamespace(membership=lambda live, owned: told.append(live), forget=None)
+    runtime = SimpleNamespace(config=config)
+    return ShareKeeper(members, runtime, scheduler, metrics), told  # type: ignore[arg-type]
+
+
+async def test_the_share_keeper_derives_the_need_from_its_shares_tokens() -> None:
+    """Each oauth_client token it knows counts with its own credential's refresh policy; an
+    API key (its expires_at is its rotation date) and a credential not yet run do not. The
+    need goes to the membership before each beat. Until a token of its share is known, it
+    beats every second (to advertise the need soon after its first runs)."""
+    vault = FakeClock(start=T0)
+    store = FakeVaultStore(clock=vault)
+    alone = member(store, vault, "k0")
+    await alone.join()
+    thirty = TokenRecord(issued_at=T0, expires_at=T0 + 30)
+    early = TokenRecord(issued_at=T0, expires_at=T0 + 12)  # 0.4 of 12 s: 7.2 s left, 2.4 s
+    key = TokenRecord(issued_at=T0, expires_at=T0 + 6)  # a key due for rotation in 6 s
+    none_yet, _ = keeper(alone, [view("short", "oauth_client", None), view("key", "api_key", key)])
+    assert none_yet.interval() == 1.0  # before any beat: its tokens are unknown
+    assert none_yet.need() is None
+    assert none_yet.waiting_for_tokens and none_yet.interval() == 1.0  # a first run on its way
+    keys_only, _ = keeper(alone, [view("key", "api_key", key)])
+    assert keys_only.need() is None
+    assert not keys_only.waiting_for_tokens and keys_only.interval() == TAKEOVER / 3
+    only_short, told = keeper(
+        alone, [view("short", "oauth_client", thirty), view("key", "api_key", key)]
+    )
+    assert only_short.need() == pytest.approx(5.0)
+    both, _ = keeper(
+        alone, [view("short", "oauth_client", thirty), view("early", "oauth_client", early)]
+    )
+    assert both.need() == MIN_TAKEOVER  # 2.4 s, raised to the least takeover
+    await only_short.beat()
+    assert alone.takeover == pytest.approx(5.0) and only_short.interval() == pytest.approx(5 / 3)
+    entry = read_members(await store.read(members_path("keyturn/state")), "members")["k0"]
+    assert (entry.takeover, entry.needs) == (pytest.approx(5.0), pytest.approx(5.0))
+    assert told == [1]
+
+
+async def test_the_daemons_beat_loop_asks_for_its_interval_before_each_wait() -> None:
+    """`background` takes the interval as a function: a takeover that changed at a beat sets
+    the wait before the next one."""
+    intervals = [0.001]
+    beats = 0
+
+    async def beat() -> None:
+        nonlocal beats
+        beats += 1
+        intervals.append(3600.0)  # the takeover moved: the next wait is long
+
+    async with background((lambda: intervals[-1], beat)):
+        await asyncio.sleep(0.2)
+    assert beats == 1

@@ -27,7 +27,7 @@ from keyturn.commands.status import (
 )
 from keyturn.config import Config, parse_config
 from keyturn.layout import state_path
-from keyturn.members import Membership
+from keyturn.members import Membership, members_path
 from keyturn.state import CredentialState, LeaseRecord, RotationJournal, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
 
@@ -492,3 +492,42 @@ async def test_instances_lists_live_and_gone_members_with_their_shares() -> None
     assert first.split()[:2] == ["k2", "live"] and second.split()[:2] == ["k1", "gone"]
     assert "60s ago" in second
     assert json.loads(json.dumps(rows[1].as_json()))["last_beat"] == rfc3339(clock.time() - 60.0)
+
+
+async def test_instances_are_judged_by_the_takeover_each_advertises_and_show_it() -> None:
+    """An instance whose tokens need a 6 s takeover beats to it and says so: it is gone once
+    its last beat is 6 s old, although takeover_after is 30 s; an entry of an older keyturn
+    (no takeover) is judged by takeover_after and shows `-`."""
+    clock = FakeClock()
+    store = FakeVaultStore(clock=clock)
+    config = parse_config(CONFIG, "keyturn.toml", {"VAULT_TOKEN": "unused"})
+    quick = Membership(
+        store,
+        state_prefix=config.keyturn.state_prefix,
+        instance_id="k1",
+        takeover_after=config.keyturn.takeover_after,
+        clock=clock,
+        host="host-k1",
+    )
+    quick.need(6.0)
+    await quick.join()
+    path = members_path(config.keyturn.state_prefix)
+    entry = await store.read(path)
+    assert entry is not None
+    old = {"session": "s", "host": "host-k0", "address": None, "pid": 7, "started": 0}
+    old |= {"beat": 1, "beat_at": clock.time()}
+    store.external_write(path, {**entry.data, "k0": json.dumps(old)})
+    clock.advance(5.0)
+    rows = await instance_rows(config, store, clock)
+    assert [(row.instance, row.live, row.takeover) for row in rows] == [
+        ("k0", True, None),
+        ("k1", True, 6.0),
+    ]
+    table = render_columns(rows, clock.time(), _INSTANCE_COLUMNS)
+    header, *lines = table.splitlines()
+    column = header.index("TAKEOVER")
+    assert [line[column:].split()[0] for line in lines] == ["-", "6s"]
+    assert [row.as_json()["takeover"] for row in rows] == [None, 6.0]
+    clock.advance(1.0)  # k1 silent for 6 s: gone; k0 (6 s too) is judged by the 30 s
+    rows = await instance_rows(config, store, clock)
+    assert [(row.instance, row.live) for row in rows] == [("k0", True), ("k1", False)]

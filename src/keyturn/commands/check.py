@@ -5,6 +5,13 @@ keyturn uses is KV v2, the token's capabilities on every path keyturn will touch
 every provider's token endpoint, and with `[usage]` that Vault's audit log can be read. Exit 0
 when all is well; exit 1 with one line per problem.
 
+It also reads the tokens keyturn last published (each oauth_client credential's private
+record) and says what they ask of several instances (`takeover_notes`), on stdout, without
+failing the check: a note when they need a quicker takeover than `takeover_after` (a cap:
+the instances beat faster on their own), and a line starting with "warning:" for each
+credential whose tokens leave too little after their latest planned refresh for even the
+least takeover (MIN_TAKEOVER) to come before they expire.
+
 Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
 answer proves the endpoint is there without issuing a token. `--live` goes further and uses
 each credential as the daemon would (see `_check_live`), so a wrong client secret shows before
@@ -36,6 +43,8 @@ from keyturn.errors import (
 )
 from keyturn.kinds.oauth_client import revoke_verification_grant
 from keyturn.layout import state_path
+from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, SLACK_SHARE, slack, takeover_needed
+from keyturn.policy import RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import parse_error_response
 from keyturn.references import ReferenceResolver, SecretRef
@@ -61,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class Report:
-    """`problems` go to stderr (and make the exit code 1); `notes` (what --live saw work) to
-    stdout."""
+    """`problems` go to stderr (and make the exit code 1); `notes` (what --live saw work, what
+    the tokens ask of several instances) to stdout."""
 
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -136,6 +145,8 @@ async def check(config: Config, *, live: bool = False) -> Report:
         report.problems += mount_problems
         report.problems += await _check_capabilities(config, store)
         report.problems += await _check_references(config, store, skip=unusable)
+        if config.vault.mount not in unusable:
+            report.notes += await takeover_notes(config, store)
         if live and config.vault.mount not in unusable:
             await _check_live(config, store, report)
     finally:
@@ -144,6 +155,63 @@ async def check(config: Config, *, live: bool = False) -> Report:
     report.problems += sink_problems(config)
     report.problems += usage_problems(config)
     return report
+
+
+Token = tuple[float, float, RefreshPolicy]  # issued_at, expires_at, the credential's policy
+
+
+async def takeover_notes(config: Config, store: KvStore) -> list[str]:
+    """What the published tokens ask of several instances sharing this configuration. A dead
+    instance's credentials must be run by another before their tokens expire: instances beat
+    to the takeover their tokens need (`keyturn.members.takeover_needed`, a third of what a
+    token has left after its latest planned refresh), `takeover_after` being only a cap. A
+    note says when that makes them beat faster than the cap would; a "warning:" line names
+    each credential whose tokens need less than MIN_TAKEOVER, which no heartbeat keeps up
+    with. From each oauth_client credential's private record (API keys do not expire when
+    their rotation is late); a record that cannot be read, or holds no token yet, is left out
+    (the capability check names what cannot be read)."""
+
+    async def token(credential: CredentialConfig) -> tuple[str, Token] | None:
+        try:
+            entry = await store.read(state_path(config.keyturn.state_prefix, credential.name))
+            state = CredentialState.from_data(entry.data, credential.name) if entry else None
+        except KeyturnError:
+            return None
+        issued_at = state.token.issued_at if state is not None else None
+        expires_at = state.token.expires_at if state is not None else None
+        if issued_at is None or expires_at is None:
+            return None
+        return credential.name, (issued_at, expires_at, credential.refresh)
+
+    oauth = [c for c in config.credentials if c.kind == "oauth_client"]
+    tokens = dict(found for found in await asyncio.gather(*map(token, oauth)) if found)
+    notes = []
+    for name, (issued_at, expires_at, policy) in tokens.items():
+        left = slack(issued_at, expires_at, policy)
+        if left * SLACK_SHARE >= MIN_TAKEOVER:
+            continue
+        notes.append(
+            f"warning: credentials[{name!r}]: its {expires_at - issued_at:.0f}s tokens leave "
+            f"{left:.1f}s after their latest planned refresh; a takeover within a third of that "
+            f"({left * SLACK_SHARE:.1f}s) is below keyturn's least ({MIN_TAKEOVER:g}s): with "
+            "several instances, when the one running it dies apps may read an expired token "
+            "before another runs it; use longer-lived tokens, or refresh earlier so that at "
+            f"least {MIN_TAKEOVER / SLACK_SHARE:g}s are left (a smaller refresh.at, or a "
+            "larger refresh.margin below the lifetime)"
+        )
+    need, cap = takeover_needed(tokens.values()), config.keyturn.takeover_after
+    if need is not None and need < cap:
+        tightest = min(tokens, key=lambda name: slack(*tokens[name]))
+        issued_at, expires_at, policy = tokens[tightest]
+        notes.append(
+            f"keyturn.takeover_after: {cap:g}s is a cap: credentials[{tightest!r}]'s "
+            f"{expires_at - issued_at:.0f}s tokens leave "
+            f"{slack(issued_at, expires_at, policy):.1f}s after "
+            f"their latest planned refresh and need a takeover within {need:.1f}s, so several "
+            f"instances of this configuration beat every {need / BEATS_PER_TAKEOVER:.1f}s "
+            f"instead of every {cap / BEATS_PER_TAKEOVER:.1f}s"
+        )
+    return notes
 
 
 def usage_problems(config: Config) -> list[str]:

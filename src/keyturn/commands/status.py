@@ -1,6 +1,7 @@
 """`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault.
 `keyturn status -c FILE --instances [--json]`: one row per keyturn instance in the members
-record (`keyturn.members`): live or gone, and how many credentials its share holds.
+record (`keyturn.members`): live or gone (judged by the takeover it advertises), how many
+credentials its share holds, and the takeover it beats to.
 
 Status comes from keyturn's private state and the published paths, not from a running
 process, so it shows the truth whichever instance (or none) is running. A rotation waiting
@@ -32,7 +33,7 @@ from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
 from keyturn.jobs.job import lease_in_force
 from keyturn.layout import state_path
-from keyturn.members import members_path, owner, read_members
+from keyturn.members import gone_after, members_path, owner, read_members
 from keyturn.state import CredentialState
 from keyturn.vault.store import KvStore
 
@@ -88,7 +89,8 @@ class StatusRow:
 @dataclass(frozen=True, slots=True)
 class InstanceRow:
     """One keyturn instance as the members record shows it. `live` is judged by the age of
-    its last beat on this host's clock (a one-shot command sees the record once)."""
+    its last beat on this host's clock (a one-shot command sees the record once) against the
+    takeover it advertises (an older keyturn's entry: the configured `takeover_after`)."""
 
     instance: str
     live: bool
@@ -99,6 +101,7 @@ class InstanceRow:
     last_beat: float
     credentials: int  # in its share, by the live instances of this record
     skew: float | None  # its clock minus Vault's, as it measured
+    takeover: float | None = None  # the takeover it beats to (None: an older keyturn's entry)
 
     def as_json(self) -> dict[str, Any]:
         values = asdict(self)
@@ -209,8 +212,8 @@ async def instance_rows(config: Config, store: KvStore, clock: Clock) -> list[In
     """Every instance in the members record, live ones first, with its share's size."""
     path = members_path(config.keyturn.state_prefix)
     members = read_members(await store.read(path, consistent=True), path)
-    now, takeover = clock.time(), config.keyturn.takeover_after
-    live = sorted(name for name, m in members.items() if now - m.beat_at < takeover)
+    now, configured = clock.time(), config.keyturn.takeover_after
+    live = sorted(n for n, m in members.items() if now - m.beat_at < gone_after(m, configured))
     shares = Counter(owner(c.name, live) for c in config.credentials)
     rows = [
         InstanceRow(
@@ -223,6 +226,7 @@ async def instance_rows(config: Config, store: KvStore, clock: Clock) -> list[In
             last_beat=m.beat_at,
             credentials=shares.get(name, 0),
             skew=m.skew,
+            takeover=m.takeover,
         )
         for name, m in members.items()
     ]
@@ -393,6 +397,7 @@ _INSTANCE_COLUMNS: tuple[tuple[str, Callable[[InstanceRow, float], str]], ...] =
     ("LAST BEAT", lambda row, now: relative(row.last_beat, now)),
     ("CREDENTIALS", lambda row, now: str(row.credentials)),
     ("CLOCK SKEW", lambda row, now: "-" if row.skew is None else f"{row.skew:+.1f}s"),
+    ("TAKEOVER", lambda row, now: "-" if row.takeover is None else f"{round(row.takeover, 1):g}s"),
     ("ADDRESS", lambda row, now: _text(row.address)),
 )
 

@@ -251,8 +251,9 @@ class DaemonSettings(Table):
     vault_concurrency: threads for (blocking) hvac calls. watch_interval: seconds between
     sweeps of the published paths for changes made outside keyturn (0: none), which
     on_external_change puts right ("republish") or only reports ("alert"). takeover_after:
-    an instance whose heartbeat has not moved for this long is gone, and the others take
-    its share of the credentials (`keyturn.members`)."""
+    the longest takeover: an instance whose heartbeat has not moved for its takeover is gone,
+    and the others take its share of the credentials; the instances beat to a shorter one
+    when their tokens need it (`keyturn.members`)."""
 
     instance_id: Annotated[
         str, text("an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}"))
