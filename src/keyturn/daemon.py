@@ -33,6 +33,7 @@ from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.events import LoggingObserver, Observer, Observers, Suspicious
+from keyturn.jobs.build import JobSet
 from keyturn.jobs.job import Checkpoint, Outcome, lease_in_force, no_checkpoint
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
@@ -119,6 +120,19 @@ def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Callable[[]
         log.info("vault.back", credentials_woken=len(woken))
 
     return check
+
+
+def wake_when_providers_answer(jobs: JobSet, scheduler: CredentialScheduler) -> None:
+    """When a provider issues a token again after an outage, every other credential that waited
+    for it runs now instead of when its backoff or cadence ends (`keyturn.providers.recovery`):
+    at most `max_concurrency` at a time, and no faster than the provider's `rate_limit`."""
+    for name, client in jobs.clients.items():
+
+        def back(waiting: frozenset[str], provider: str = name) -> None:
+            woken = scheduler.wake(sorted(waiting))
+            log.info("provider.back", provider=provider, credentials_woken=len(woken))
+
+        client.recovery.on_back(back)
 
 
 Periodic = tuple[float | Callable[[], float], Callable[[], Awaitable[object]]]
@@ -337,6 +351,7 @@ class Daemon:
             return False
         previous = runtime.replace_jobs(jobs)
         summary = scheduler.replace_jobs(jobs.jobs.values(), changed=changed_credentials(old, new))
+        wake_when_providers_answer(jobs, scheduler)
         log.info("config.reloaded", **summary)
         self.sinks.configure(new)
         if self.usage is not None:
@@ -409,6 +424,7 @@ async def open_daemon(
             async with running(config, context) as runtime:
                 metrics.credentials_configured(len(runtime.jobs))
                 scheduler = credential_scheduler(runtime, metrics, notifier)
+                wake_when_providers_answer(runtime.current, scheduler)
                 server = MetricsServer(
                     config.metrics,
                     registry,

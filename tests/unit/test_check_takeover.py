@@ -5,7 +5,7 @@ problem (a tight configuration still runs)."""
 from __future__ import annotations
 
 from keyturn.clock import FakeClock
-from keyturn.commands.check import takeover_notes
+from keyturn.commands.check import revocation_notes, takeover_notes
 from keyturn.config import Config, parse_config
 from keyturn.layout import state_path
 from keyturn.state import CredentialState, TokenRecord
@@ -14,7 +14,8 @@ from keyturn.testing.vault import FakeVaultStore
 T0 = 1_800_000_000.0
 
 
-def config(takeover_after: str = "30s") -> Config:
+def config(takeover_after: str = "30s", revoke_path: str | None = None) -> Config:
+    revoke = f'revoke_path = "{revoke_path}"' if revoke_path else ""
     text = f"""\
 [keyturn]
 takeover_after = "{takeover_after}"
@@ -26,6 +27,7 @@ auth = {{ method = "token", token = "env:VAULT_TOKEN" }}
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"
+{revoke}
 
 [[rotators]]
 name = "by-hand"
@@ -98,3 +100,12 @@ async def test_tokens_too_short_for_any_heartbeat_get_a_warning_naming_them() ->
     )
     assert cap.startswith("keyturn.takeover_after: 30s is a cap: credentials['ten-seconds']'s")
     assert "beat every 1.0s instead of every 10.0s" in cap
+
+
+
+def test_a_provider_of_oauth_credentials_without_revoke_path_is_noted() -> None:
+    notes = revocation_notes(config())
+    assert len(notes) == 1
+    assert notes[0].startswith("note: providers['acme'] has no revoke_path")
+    assert "refresh_token.orphaned" in notes[0]
+    assert revocation_notes(config(revoke_path="/oauth/revoke")) == []

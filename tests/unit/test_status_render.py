@@ -93,6 +93,8 @@ JSON_FIELDS = {
     "waiting_for_consumers",
     "waiting_reason",
     "consumers",
+    # false while the published token went out without its probe's answer
+    "verified",
 }
 
 

@@ -10,7 +10,8 @@ record) and says what they ask of several instances (`takeover_notes`), on stdou
 failing the check: a note when they need a quicker takeover than `takeover_after` (a cap:
 the instances beat faster on their own), and a line starting with "warning:" for each
 credential whose tokens leave too little after their latest planned refresh for even the
-least takeover (MIN_TAKEOVER) to come before they expire.
+least takeover (MIN_TAKEOVER) to come before they expire. It notes each provider of OAuth
+credentials without `revoke_path` (`revocation_notes`): what a lost refresh answer leaves there.
 
 Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
 answer proves the endpoint is there without issuing a token. `--live` goes further and uses
@@ -147,6 +148,7 @@ async def check(config: Config, *, live: bool = False) -> Report:
         report.problems += await _check_references(config, store, skip=unusable)
         if config.vault.mount not in unusable:
             report.notes += await takeover_notes(config, store)
+        report.notes += revocation_notes(config)
         if live and config.vault.mount not in unusable:
             await _check_live(config, store, report)
     finally:
@@ -155,6 +157,21 @@ async def check(config: Config, *, live: bool = False) -> Report:
     report.problems += sink_problems(config)
     report.problems += usage_problems(config)
     return report
+
+
+def revocation_notes(config: Config) -> list[str]:
+    """A note per provider of oauth_client credentials without `revoke_path`: a refresh whose
+    answer was lost (a time-out, a dropped connection, a crash mid-request) may have rotated
+    the refresh token at the provider; keyturn never presents it again, and with no revocation
+    endpoint nothing ends that token's family (logged as `refresh_token.orphaned`)."""
+    used = {c.provider for c in config.credentials if c.kind == "oauth_client"}
+    return [
+        f"note: providers[{name!r}] has no revoke_path: after a refresh whose answer was lost, "
+        "the lost refresh token's family stays live at the provider until it expires or is "
+        "revoked there (keyturn logs refresh_token.orphaned; see docs/runbook.md)"
+        for name, provider in config.providers.items()
+        if name in used and provider.revoke_path is None
+    ]
 
 
 Token = tuple[float, float, RefreshPolicy]  # issued_at, expires_at, the credential's policy

@@ -75,6 +75,9 @@ class StatusRow:
     waiting_for_consumers: tuple[str, ...] | None = None
     waiting_reason: str | None = None
     consumers: int | None = None  # identities reading it, from the daemon (with [usage])
+    # False while the published token went out without its probe's answer (probed again
+    # later, `keyturn.jobs.refresh.ProbeAgain`).
+    verified: bool = True
 
     def as_json(self) -> dict[str, Any]:
         values = asdict(self)
@@ -295,6 +298,7 @@ async def status_rows(
             waiting_for_consumers=journal.waiting_consumers if rotation is not None else None,
             waiting_reason=journal.waiting_reason if rotation is not None else None,
             consumers=consumers.get(name) if consumers is not None else None,
+            verified=token.verify_at is None,
         )
 
     chosen = config.credentials if credentials is None else credentials
@@ -363,7 +367,7 @@ _COLUMNS: tuple[tuple[str, Callable[[StatusRow, float], str]], ...] = (
     ("CREDENTIAL", lambda row, now: row.credential),
     ("KIND", lambda row, now: row.kind),
     ("PROVIDER", lambda row, now: row.provider),
-    ("PHASE", lambda row, now: row.phase),
+    ("PHASE", lambda row, now: row.phase if row.verified else f"{row.phase} (unverified)"),
     ("EXPIRY", expiry),
     ("NEXT RUN", lambda row, now: when(row.next_refresh, now)),
     ("LAST SUCCESS", lambda row, now: when(row.last_success, now)),

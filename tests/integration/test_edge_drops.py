@@ -1,0 +1,86 @@
+"""Half of all connections to the service dropped, grants and probes alike, for two and a half
+minutes with 30-second tokens: no credential stays expired for more than 10 s at a time.
+
+A token the service issued is never thrown away because its probe's connection was dropped
+(the probe is sent again alone, the token kept, or published unverified when the old one would
+expire first), and an expired credential retries every `after_expiry`, so each stretch of
+expiry ends within seconds of the service answering once. A module of its own, so that the
+two and a half minutes run beside the other modules.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from keyturn_devkit.harness.apps import AppRead
+from keyturn_devkit.harness.scene import Findings, SceneMaker
+
+pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
+
+NAMES = ["drop-a", "drop-b", "drop-c"]
+LIFETIME = 30
+FAULTS_FOR = 150.0
+LONGEST_EXPIRED = 10.0
+
+
+def expired_stretches(reads: list[AppRead]) -> list[tuple[float, float]]:
+    """(start, seconds) of each run of consecutive expired reads of one credential; a stretch
+    lasts from its token's expiry to the first read that was not expired."""
+    stretches, start = [], None
+    for read in sorted(reads, key=lambda r: r.at):
+        if read.version is None:
+            continue
+        if read.expired and start is None:
+            start = read.expires_at if read.expires_at is not None else read.at
+        elif not read.expired and start is not None:
+            stretches.append((start, read.at - start))
+            start = None
+    if start is not None and reads:
+        stretches.append((start, reads[-1].at - start))
+    return stretches
+
+
+@pytest.mark.timeout(FAULTS_FOR + 120)
+def test_half_the_connections_dropped_never_leaves_a_credential_expired_for_long(
+    scenes: SceneMaker,
+) -> None:
+    findings = Findings("half the connections dropped")
+    scene = scenes(
+        NAMES,
+        lifetime=LIFETIME,
+        credential={"refresh": {"margin": "5s", "min_interval": "500ms"}},
+    )
+    scene.start_daemon()
+    sampler = scene.sampler.start(limit=FAULTS_FOR + 60)
+    for name in NAMES:
+        sampler.wait_version(name, 1, timeout=20)
+    scene.admin.set_faults({"*": {"error_rate": 0.5, "drop_connection": True}})
+    began = time.time()
+    time.sleep(FAULTS_FOR)
+    scene.admin.clear_faults()
+    cleared = time.time()
+    time.sleep(15.0)
+    sampler.stop()
+
+    versions = {name: len(scene.versions(name)) for name in NAMES}
+    findings.measure("faults", f"{cleared - began:.0f}s of 50 % dropped connections")
+    findings.measure("versions kept per credential (Vault keeps 10)", versions)
+    findings.measure("token requests", scene.grants())
+    findings.measure("apps", sampler.summary())
+    unverified = scene.named("credential.published_unverified")
+    findings.measure("published unverified", len(unverified))
+    for name in NAMES:
+        stretches = expired_stretches(sampler.snapshot(name))
+        longest = max((seconds for _at, seconds in stretches), default=0.0)
+        findings.measure(f"{name}: expired stretches", [round(s, 1) for _a, s in stretches])
+        findings.check(
+            longest <= LONGEST_EXPIRED,
+            f"{name} stayed expired for {longest:.1f}s (at most {LONGEST_EXPIRED:g}s allowed)",
+        )
+        after = [r for r in sampler.snapshot(name, since=cleared + 10.0) if r.expired]
+        findings.check(after == [], f"{name}: expired reads after the faults cleared")
+        refused = [r for r in sampler.snapshot(name) if r.status in (401, 403)]
+        findings.check(refused == [], f"{name}: the service refused a published token: {refused}")
+    findings.done()
