@@ -43,10 +43,12 @@ It prints (figures on stdout, progress on stderr):
   half and all credentials were published again (each new version's `created_time` in Vault);
   the daemon's `provider.back` log line (when, how many credentials it woke);
 - how long each credential's published token stayed expired: from the `expires_at` of the
-  version apps read when the outage began until the `created_time` of the next version (max,
-  p95, mean), and the part of it after the outage's end (keyturn's doing: before the end
-  nothing could be had); their sums are the expired reads of an app reading each credential
-  once a second.
+  version apps read when the outage ended (a version published during the outage holds a token
+  issued before it) until the `created_time` of the next version (max, p95, mean), and the
+  part of it after the outage's end (keyturn's doing: before the end nothing could be had);
+  their sums are the expired reads of an app reading each credential once a second. (The
+  `provider.back` line and the wake it reports are the daemon's `wake_when_providers_answer`;
+  a daemon without it logs none, and its credentials come back at their own cadence.)
 
 Token requests keyturn counted itself (`keyturn_token_requests_total`, by outcome) are shown
 beside the sandbox's count as a cross-check.
@@ -375,9 +377,10 @@ async def wait_published(kv: Any, count: int, daemon: KeyturnRun, timeout: float
     raise RuntimeError(f"not all {count} credentials published within {timeout:g}s")
 
 
-async def versions(kv: Any, n: int, outage_start: float) -> list[Expired | None]:
-    """Per credential: its old token's expiry and when its first version published after the
-    outage began was created (None if there is none)."""
+async def versions(kv: Any, n: int, outage_end: float) -> list[Expired | None]:
+    """Per credential: when its first version created after the outage's end was created,
+    and the expiry of the version before it (None if there is none). No token is issued during
+    the outage, so a version created during it holds a token issued before it: the old one."""
     found: list[Expired | None] = [None] * n
 
     async def one(i: int) -> None:
@@ -388,8 +391,8 @@ async def versions(kv: Any, n: int, outage_start: float) -> list[Expired | None]
             int(v): parse_time(meta["created_time"])
             for v, meta in response.json()["data"]["versions"].items()
         }
-        old = [v for v, at in created.items() if at < outage_start]
-        new = [v for v, at in created.items() if at >= outage_start]
+        old = [v for v, at in created.items() if at < outage_end]
+        new = [v for v, at in created.items() if at >= outage_end]
         if not old or not new:
             return
         response = await kv.http.get(f"/v1/secret/data/{path}", params={"version": max(old)})
@@ -528,7 +531,7 @@ async def bench(
             )
 
         log("reading every credential's versions from Vault")
-        spans = await versions(kv, n, outage_start)
+        spans = await versions(kv, n, outage_end)
         rows += recovery_rows(
             spans,
             requests,
