@@ -40,14 +40,14 @@ from keyturn.errors import (
     SecretReferenceError,
     VerificationFailed,
 )
-from keyturn.events import NO_ANSWER, Probed, Published, RetryAfterBounded, Suspicious, TokenRequest
+from keyturn.events import Published, RetryAfterBounded, Suspicious, TokenRequest
 from keyturn.jobs.job import Inputs, JobDeps, Journal
 from keyturn.jobs.steps import (
     input_error,
     outcome_label,
+    probe_answered,
     publish_with_cas,
     retry_after,
-    verify_with_probe,
 )
 from keyturn.layout import oauth_published_fields, published_metadata
 from keyturn.logs import get_logger
@@ -320,20 +320,17 @@ class TokenRefresh:
                 if urgent and closing is not False and closing < 2 * pause + 1:
                     break
                 await self._clock.sleep(pause)
-            try:
-                await verify_with_probe(
-                    self._client,
-                    self._observer,
-                    credential=self.credential.name,
-                    provider=self.credential.provider,
-                    probe=self.credential.probe,
-                    authorization=Secret(f"Bearer {token.access_token.reveal()}"),
-                    what="token",
-                )
+            unanswered = await probe_answered(
+                self._client,
+                self._observer,
+                credential=self.credential.name,
+                provider=self.credential.provider,
+                probe=self.credential.probe,
+                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                what="token",
+            )
+            if unanswered is None:
                 return True
-            except (ProviderUnavailable, RateLimited) as error:
-                self._observer(Probed(self.credential.name, self.credential.provider, NO_ANSWER))
-                unanswered = error
         assert unanswered is not None
         if urgent:
             return False
@@ -799,7 +796,7 @@ class ProbeAgain:
             journal.stage(replace(state, token=replace(state.token, verify_at=None)))
             return "replaced"
         try:
-            await verify_with_probe(
+            unanswered = await probe_answered(
                 self._client,
                 self._observer,
                 credential=self.credential.name,
@@ -808,17 +805,16 @@ class ProbeAgain:
                 authorization=Secret(str(authorization)),
                 what="token (published unverified)",
             )
-        except (ProviderUnavailable, RateLimited):
-            self._observer(Probed(self.credential.name, self.credential.provider, NO_ANSWER))
-            again = replace(state.token, verify_at=now + UNVERIFIED_RECHECK)
-            journal.stage(replace(state, token=again))
-            return "unverified"
         except VerificationFailed:
             # Refused now: apps must not keep it a moment longer than a refresh takes.
             refused = replace(state.token, verify_at=None, next_due=now)
             journal.stage(replace(state, token=refused))
             log.warning("credential.unverified_token_refused", credential=self.credential.name)
             return "refused"
+        if unanswered is not None:
+            again = replace(state.token, verify_at=now + UNVERIFIED_RECHECK)
+            journal.stage(replace(state, token=again))
+            return "unverified"
         journal.stage(replace(state, token=replace(state.token, verify_at=None)))
         log.info("credential.verified", credential=self.credential.name)
         return "verified"

@@ -1,6 +1,7 @@
 """Steps more than one task takes: publishing with check-and-set, verifying a new credential
-with the probe, reading a server's Retry-After, labelling a failed token request, and naming the
-input an error came from. A task module imports these from here, never from another task.
+with the probe (and telling a probe without an answer from a refusal), reading a server's
+Retry-After, labelling a failed token request, and naming the input an error came from. A task
+module imports these from here, never from another task.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from keyturn.errors import (
     VaultError,
     VerificationFailed,
 )
-from keyturn.events import Observer, Probed, Suspicious
+from keyturn.events import NO_ANSWER, Observer, Probed, Suspicious
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import error_label
 from keyturn.secret import Secret
@@ -94,6 +95,36 @@ async def verify_with_probe(
             credential=credential,
             status=status,
         )
+
+
+async def probe_answered(
+    client: ProviderClient,
+    observer: Observer,
+    *,
+    credential: str,
+    provider: str,
+    probe: str,
+    authorization: Secret,
+    what: str,
+) -> ProviderUnavailable | RateLimited | None:
+    """`verify_with_probe`, with a probe that got no usable answer (a network error, a
+    time-out, a 5xx or a 429) told apart from a refusal: None once the service accepted the
+    credential; the error when it did not answer (told to `observer` as a `Probed` with
+    NO_ANSWER); a refusal raises VerificationFailed as before."""
+    try:
+        await verify_with_probe(
+            client,
+            observer,
+            credential=credential,
+            provider=provider,
+            probe=probe,
+            authorization=authorization,
+            what=what,
+        )
+    except (ProviderUnavailable, RateLimited) as error:
+        observer(Probed(credential, provider, NO_ANSWER))
+        return error
+    return None
 
 
 def retry_after(error: KeyturnError) -> float | None:

@@ -196,14 +196,7 @@ class Scene:
 
     def grants(self) -> dict[str, int]:
         """Token requests the sandbox logged, as "grant_type status" -> count."""
-        counts: Counter[str] = Counter()
-        for line in self.deployment.sandbox.log_text().splitlines():
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(event, dict) and event.get("route") == "/oauth/token":
-                counts[f"{event.get('grant_type')} {event.get('status')}"] += 1
+        counts = Counter(f"{grant} {status}" for _at, grant, status in self.token_requests())
         return dict(counts)
 
     def families(self, name: str) -> dict[str, Any]:
