@@ -50,8 +50,13 @@ It prints (figures on stdout, progress on stderr):
   `provider.back` line and the wake it reports are the daemon's `wake_when_providers_answer`;
   a daemon without it logs none, and its credentials come back at their own cadence.)
 
-Token requests keyturn counted itself (`keyturn_token_requests_total`, by outcome) are shown
-beside the sandbox's count as a cross-check.
+How late the daemon's scheduled runs started against their planned time
+(`keyturn_schedule_lateness_seconds`, scraped when each phase begins and ends): every run holds
+one of `max_concurrency` slots while it waits in the provider's bucket, so a bucket kept full
+by waiting credentials makes every other run wait for a slot, other providers' too; after the
+outage the woken runs count from the wake. Token requests keyturn counted itself
+(`keyturn_token_requests_total`, by outcome) are shown beside the sandbox's count as a
+cross-check.
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ COLD_DEADLINE = 600.0  # seconds the cold start may take
 AFTER = 10.0  # the "first seconds after the outage" phase, and the run's tail once all is back
 POLL = 1.0  # seconds between /metrics scrapes
 TOKEN_ROUTE = "/oauth/token"
+LATENESS = "keyturn_schedule_lateness_seconds"
 
 Row = tuple[str, str]
 
@@ -268,6 +274,39 @@ def counter_by(exposition: str, name: str, label: str) -> dict[str, float]:
         key = dict(ds._LABEL.findall(labels)).get(label, "?")
         values[key] = values.get(key, 0.0) + float(value.split()[0])
     return values
+
+
+def histogram(exposition: str, name: str) -> dict[float, float]:
+    """An unlabelled histogram's cumulative bucket counts by upper bound (`le`, inf for +Inf)."""
+    buckets: dict[float, float] = {}
+    prefix = name + "_bucket{"
+    for line in exposition.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels, _, value = line[len(prefix) :].rpartition("}")
+        le = dict(ds._LABEL.findall(labels)).get("le")
+        if le is not None:
+            buckets[float(le)] = float(value.split()[0])
+    return buckets
+
+
+def lateness_text(before: Mapping[float, float], after: Mapping[float, float]) -> str:
+    """The runs that started between two scrapes of keyturn_schedule_lateness_seconds: how
+    many, the share on time (<= 0.1 s late), how many more than 1 s and 5 s late, and the
+    bucket bound of their p99."""
+    delta = {le: after[le] - before.get(le, 0.0) for le in sorted(after)}
+    runs = delta.get(math.inf, 0.0)
+    if runs <= 0:
+        return "no runs"
+
+    def over(bound: float) -> float:
+        return runs - delta.get(bound, runs)
+
+    p99 = next((le for le, count in delta.items() if count >= 0.99 * runs), math.inf)
+    return (
+        f"{runs:g} runs, {100 * (runs - over(0.1)) / runs:.0f} % within 0.1 s, "
+        f"{over(1.0):g} later than 1 s, {over(5.0):g} later than 5 s; p99 <= {p99:g} s"
+    )
 
 
 def rate_text(value: float, rate: float | None, against: str) -> str:
@@ -465,8 +504,10 @@ async def bench(
         published = await wait_published(kv, n, daemon, COLD_DEADLINE)
         rows.append(("cold start: spawn -> all published", f"{published - daemon.started:.1f} s"))
         log(f"all {n} published; {args.before:g}s of steady refreshes before the outage")
+        late = [histogram(await scrape(http, daemon.metrics_url), LATENESS)]
         await asyncio.sleep(args.before)
 
+        late.append(histogram(await scrape(http, daemon.metrics_url), LATENESS))
         sent = time.time()
         response = await admin.put("/admin/faults", json={"token": {"outage_seconds": args.outage}})
         response.raise_for_status()
@@ -488,6 +529,7 @@ async def bench(
             again = sum(at >= outage_start for at in issued.values())
             if ready_at_end is None and now >= outage_end:
                 ready_at_end = ready  # the first scrape after the outage ended
+                late.append(histogram(text, LATENESS))
             if now - last_log >= 5:
                 phase_name = "outage" if now < outage_end else "after"
                 log(
@@ -512,6 +554,17 @@ async def bench(
         rows += traffic_rows(
             requests, published, outage_start, outage_end, run_end, args.lifetime, rate, n
         )
+        late.append(histogram(final, LATENESS))
+        for (name, a), b in zip(
+            (
+                ("before", late[0]),
+                ("during", late[1]),
+                ("after (woken runs: since the wake)", late[2]),
+            ),
+            late[1:],
+            strict=False,
+        ):
+            rows.append((f"scheduled runs' lateness, {name}", lateness_text(a, b)))
         outcomes = counter_by(final, "keyturn_token_requests_total", "outcome")
         in_window = [(at, s) for at, s in requests if daemon.started <= at <= run_end]
         rows.append(

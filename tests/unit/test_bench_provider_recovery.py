@@ -132,3 +132,19 @@ def test_gauges_and_counters_read_keyturns_own_exposition(bench: ModuleType) -> 
         "success": 1.0,
         "http_5xx": 3.0,
     }
+
+
+def test_lateness_counts_the_runs_between_two_scrapes(bench: ModuleType) -> None:
+    metrics = PrometheusObserver(CollectorRegistry(), FakeClock())
+    metrics.lateness(0.02)
+    before = bench.histogram(metrics.exposition().decode(), bench.LATENESS)
+    for seconds in (0.001, 0.05, 0.7, 2.0, 7.0):
+        metrics.lateness(seconds)
+    after = bench.histogram(metrics.exposition().decode(), bench.LATENESS)
+
+    assert after[math.inf] == 6.0
+    # Five runs: two within 0.1 s, one between 0.5 and 1 s, one 2 s and one 7 s late.
+    assert bench.lateness_text(before, after) == (
+        "5 runs, 40 % within 0.1 s, 2 later than 1 s, 1 later than 5 s; p99 <= 15 s"
+    )
+    assert bench.lateness_text(after, after) == "no runs"
