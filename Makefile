@@ -26,7 +26,7 @@ test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src devkit tests bench clients
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile -m 'not serial'
+	$(BIN)/pytest -n 3 --dist loadfile -m 'not serial'
 	$(BIN)/pytest -m serial
 
 lint: $(STAMP)
