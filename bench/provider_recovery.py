@@ -84,7 +84,7 @@ from typing import Any
 import httpx
 
 from keyturn.policy import RefreshPolicy, refresh_window
-from keyturn.providers.recovery import DEFAULT_RATE
+from keyturn.providers.recovery import DEFAULT_RATE, Recovery
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -451,7 +451,7 @@ async def bench(
 ) -> list[Row]:
     n = args.credentials
     rate = args.rate_limit  # None: no rate_limit
-    knock_rate = rate or DEFAULT_RATE
+    knock_rate = Recovery(rate).rate  # the stretch: half the rate_limit, or DEFAULT_RATE
     policy = RefreshPolicy(margin=args.margin)
     interval = refresh_interval(args.lifetime, policy)
     earliest, latest = refresh_window(0.0, args.lifetime, policy)

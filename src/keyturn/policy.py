@@ -147,10 +147,11 @@ def retry_delay(
     `provider_wait`: the provider gave no usable answer (down, time-out, 5xx, 429, a probe
     unanswered). Past the token's last planned refresh (`left.past_deadline`, expired too),
     such a credential retries every `after_expiry` seconds (±AFTER_EXPIRY_JITTER; while the
-    token is valid, no later than `URGENT_SHARE` of what it has left), or every `crowd`
-    seconds if longer (the share of the provider's recovery rate this credential gets
-    when many wait, `keyturn.providers.recovery`), whatever Retry-After says: the cost of
-    obeying it is an outage of the apps.
+    token is valid, no later than `URGENT_SHARE` of what it has left), whatever Retry-After
+    says: the cost of obeying it is an outage of the apps. Any provider wait, before that
+    point too, waits at least `crowd` seconds (±AFTER_EXPIRY_JITTER): the share of the
+    provider's recovery rate this credential gets when many wait
+    (`keyturn.providers.recovery`).
 
     Otherwise the credential's backoff, capped while a token is published by `URGENT_SHARE` of
     what it has left and by its last planned refresh (never below `URGENT_FLOOR`), so backoff
@@ -167,8 +168,25 @@ def retry_delay(
         if asked is None:
             return Retry(delay)
         return Retry(delay, "honoured" if asked <= delay else "overridden")
+    retry = _backoff_retry(failures, policy, rng, asked, left)
+    if provider_wait and crowd > retry.delay:
+        # Many wait for this provider: together no more than its recovery rate (its return
+        # wakes them all at once, so a stretched wait costs no recovery time).
+        jitter = rng.uniform(1 - AFTER_EXPIRY_JITTER, 1 + AFTER_EXPIRY_JITTER)
+        return Retry(crowd * jitter, retry.retry_after)
+    return retry
+
+
+def _backoff_retry(
+    failures: int,
+    policy: BackoffPolicy,
+    rng: random.Random,
+    asked: float | None,
+    left: TokenLeft | None,
+) -> Retry:
+    """The backoff, bounded by what a published token has left; Retry-After a floor up to the
+    token's last planned refresh (`retry_delay`)."""
     delay = backoff_delay(failures, policy, rng)
-    bound: float | None = None
     if left is not None and left.expires_in > 0:
         bound = max(URGENT_FLOOR, min(left.expires_in * URGENT_SHARE, max(0.0, left.deadline_in)))
         delay = min(delay, bound)

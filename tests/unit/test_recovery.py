@@ -67,17 +67,22 @@ def test_the_cadence_stretches_with_the_crowd_but_a_refusal_keeps_its_backoff() 
     rng = random.Random(2)
     crowded = retry_delay(1, BACKOFF, rng, left=TokenLeft(-5, -15), provider_wait=True, crowd=100)
     assert crowded.delay >= 100 * (1 - AFTER_EXPIRY_JITTER)
+    # Before the last planned refresh too: a crowd's tries stay at the recovery rate.
+    early = retry_delay(1, BACKOFF, rng, left=TokenLeft(600, 540), provider_wait=True, crowd=100)
+    assert early.delay >= 100 * (1 - AFTER_EXPIRY_JITTER)
     refusals = [retry_delay(12, BACKOFF, rng, left=TokenLeft(-5, -15)).delay for _ in range(50)]
     assert max(refusals) > 100  # invalid_client after expiry: no 5-second hammering
 
 
 def test_the_crowd_keeps_many_waiting_credentials_at_the_providers_rate() -> None:
-    recovery = Recovery(rate=None)
+    recovery = Recovery(rate_limit=None)
     for n in range(1000):
         recovery.failed(f"c{n}")
     # Each of 1,000 tries every 100 s: 10 a second together.
     assert recovery.crowd() == pytest.approx(1000 / DEFAULT_RATE)
-    assert Recovery(rate=50).rate == 50
+    # Half a rate_limit: the other half for refreshes that fall due, so the bucket is not kept
+    # full by retries (each would hold a max_concurrency slot while it waits in it).
+    assert Recovery(rate_limit=50).rate == 25
 
 
 def test_the_first_token_after_an_outage_wakes_the_others_once() -> None:

@@ -1,16 +1,22 @@
 """One provider's outage as its credentials live it: who waits for it to answer again, and how
-often those whose token has run out may knock meanwhile.
+often they may knock meanwhile.
 
 When a provider stops answering, each credential behind it fails on its own schedule. Those
 whose published token is past its last planned refresh retry at the short `after_expiry`
 cadence (`keyturn.policy.retry_delay`), so apps are back within seconds of the provider. With
-thousands of them that cadence would be a stampede on a provider that is down, so it is
-stretched to `crowd()` seconds: `len(waiting) / rate`, where `rate` is the provider's
-`rate_limit` (or DEFAULT_RATE without one). Together the waiting credentials then knock about
-`rate` times a second, however many they are. The stretch costs no recovery time: the first
-credential that gets a token again tells `on_back`'s listeners (the daemon wakes every other
-waiting credential of the provider at once, through the scheduler's concurrency bound and the
-provider's rate limit), and each woken refresh is due at once (`answered_since`).
+thousands of them, that cadence, and the tries before each token's last planned refresh too,
+would be a stampede on a provider that is down, so every retry of a credential that waits for
+the provider is stretched to at least `crowd()` seconds: `len(waiting) / rate`. Together the
+waiting credentials then knock about `rate` times a second, however many they are. `rate` is
+half the provider's `rate_limit` (the other half is left for refreshes that fall due and for
+the wake below: retries that kept the provider's token bucket full would each hold one of the
+scheduler's `max_concurrency` slots while they wait in it, and make every other run late), or
+DEFAULT_RATE without one.
+
+The stretch costs no recovery time: the first credential that gets a token again tells
+`on_back`'s listeners (the daemon wakes every other waiting credential of the provider at once,
+through the scheduler's concurrency bound and the provider's rate limit), and each woken
+refresh is due at once (`answered_since`).
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 # Tries a second, all waiting credentials of a provider together, for a provider without a
-# `rate_limit`.
+# `rate_limit`; with one, RATE_LIMIT_SHARE of it.
 DEFAULT_RATE = 10.0
+RATE_LIMIT_SHARE = 0.5
 
 Listener = Callable[[frozenset[str]], None]
 
@@ -27,8 +34,9 @@ Listener = Callable[[frozenset[str]], None]
 class Recovery:
     """Shared by every credential of one provider (it lives on its `ProviderClient`)."""
 
-    def __init__(self, rate: float | None = None) -> None:
-        self.rate = rate if rate is not None and rate > 0 else DEFAULT_RATE
+    def __init__(self, rate_limit: float | None = None) -> None:
+        limited = rate_limit is not None and rate_limit > 0
+        self.rate = rate_limit * RATE_LIMIT_SHARE if limited and rate_limit else DEFAULT_RATE
         self.waiting: set[str] = set()
         self.answered_at: float | None = None
         self._down = False
