@@ -42,6 +42,7 @@ from keyturn.errors import (
     VaultError,
     VerificationFailed,
 )
+from keyturn.hardening import harden_process
 from keyturn.kinds.oauth_client import revoke_verification_grant
 from keyturn.layout import state_path
 from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, SLACK_SHARE, slack, takeover_needed
@@ -82,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     report = asyncio.run(check(config, live=args.live))
     for note in report.notes:
         print(note)

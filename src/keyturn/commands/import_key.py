@@ -19,6 +19,7 @@ from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.commands.rotate import report
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal
 from keyturn.runtime import Runtime
 from keyturn.secret import Secret
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None or not credential_or_report(config, args.name, "import-key"):
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     if config.credential(args.name).rotation is None:
         print(f"keyturn import-key: {args.name} has no rotation policy", file=sys.stderr)
         return 1

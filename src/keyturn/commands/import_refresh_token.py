@@ -27,6 +27,7 @@ from keyturn.commands import load_or_report
 from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal, Outcome
 from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh, valid_refresh_token
 from keyturn.runtime import Runtime
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None or not credential_or_report(config, args.name, COMMAND):
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     if config.credential(args.name).kind != "oauth_client":
         print(
             f"keyturn {COMMAND}: {args.name} is an API key, which has no refresh token",

@@ -15,6 +15,7 @@ from keyturn.clock import rfc3339
 from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None or not credential_or_report(config, args.name, "refresh"):
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     if config.credential(args.name).kind != "oauth_client":
         print(f"keyturn refresh: {args.name} is an API key; use `keyturn rotate`", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from keyturn.clock import rfc3339
 from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 from keyturn.jobs.job import Outcome
 
 
@@ -26,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None or not credential_or_report(config, args.name, "rotate"):
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     if config.credential(args.name).rotation is None:
         print(f"keyturn rotate: {args.name} has no rotation policy", file=sys.stderr)
         return 1

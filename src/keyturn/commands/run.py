@@ -16,6 +16,7 @@ from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config
 from keyturn.daemon import run_daemon
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 from keyturn.jobs.job import Checkpoint, no_checkpoint
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace, *, checkpoint: Checkpoint = no_checkpoint) -> 
     config = load_or_report(args.config, one_shot=False)
     if config is None:
         return 1
+    harden_process()  # before any secret is read: keyturn.hardening
     try:
         return asyncio.run(_main(config, checkpoint))
     except KeyturnError as error:

@@ -31,6 +31,7 @@ from keyturn.clock import Clock, SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
+from keyturn.hardening import harden_process
 from keyturn.jobs.job import lease_in_force
 from keyturn.layout import state_path
 from keyturn.members import gone_after, members_path, owner, read_members
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config)
     if config is None:
         return EXIT_ERROR
+    harden_process()  # before any secret is read: keyturn.hardening
     credentials = selected_or_report(config, args.names, "status")
     if credentials is None:
         return EXIT_ERROR
