@@ -237,6 +237,11 @@ def test_the_keyturn_image_services_are_non_root_read_only_and_without_capabilit
         assert service["user"] == f"{KEYTURN_UID}:{KEYTURN_UID}", name
         assert service["read_only"] is True, name
         assert service["cap_drop"] == ["ALL"], name
+        # Docker's default seccomp profile stays on, and nothing gives back what was dropped.
+        assert not any(opt.startswith("seccomp") for opt in service["security_opt"]), name
+        assert not service.get("privileged", False), name
+        assert "cap_add" not in service, name
+        assert service.get("pid") != "host", name
 
 
 def test_keyturn_starts_after_init_with_its_configuration_read_only(compose) -> None:
@@ -431,6 +436,49 @@ def test_the_statefulset_is_locked_down() -> None:
     assert statefulset["spec"]["selector"]["matchLabels"].items() <= (
         statefulset["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+POD_TEMPLATES = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) for every manifest here that runs a pod."""
+    for path, document in manifests():
+        kind, spec = document["kind"], document.get("spec", {})
+        if kind == "Pod":
+            pod = spec
+        elif kind == "CronJob":
+            pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+        elif kind in POD_TEMPLATES:
+            pod = spec["template"]["spec"]
+        else:
+            continue
+        yield f"{path.name}:{kind}/{document['metadata']['name']}", pod
+
+
+def test_every_container_of_every_manifest_is_locked_down() -> None:
+    """What docs/security.md promises of Kubernetes, for any manifest here, present or future:
+    each container runs as a non-root user, on a read-only root file system, without privilege
+    escalation, without any capability, under the runtime's default seccomp profile (the pod's,
+    unless the container sets its own), and the pod shares none of the host's namespaces."""
+    pods = list(pod_specs())
+    assert [where for where, _ in pods] == ["statefulset.yaml:StatefulSet/keyturn"]
+    for where, pod in pods:
+        for shared in ("hostPID", "hostIPC", "hostNetwork"):
+            assert pod.get(shared, False) is False, (where, shared)
+        pod_security = pod.get("securityContext", {})
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            name = f"{where} {container['name']}"
+            security = container.get("securityContext", {})
+            effective = {**pod_security, **security}  # a container's own setting wins
+            assert effective.get("runAsNonRoot") is True, name
+            assert effective.get("runAsUser", 0) != 0, name
+            assert security.get("readOnlyRootFilesystem") is True, name
+            assert security.get("allowPrivilegeEscalation") is False, name
+            assert security.get("privileged", False) is False, name
+            assert security.get("capabilities", {}).get("drop") == ["ALL"], name
+            assert not security.get("capabilities", {}).get("add"), name
+            assert effective.get("seccompProfile") == {"type": "RuntimeDefault"}, name
 
 
 def test_the_probes_use_healthz_and_readyz_on_the_metrics_port() -> None:
