@@ -12,6 +12,9 @@ the instances beat faster on their own), and a line starting with "warning:" for
 credential whose tokens leave too little after their latest planned refresh for even the
 least takeover (MIN_TAKEOVER) to come before they expire. It notes each provider of OAuth
 credentials without `revoke_path` (`revocation_notes`): what a lost refresh answer leaves there.
+With `[usage]`, a "warning:" line when `/usage` answers anyone who reaches a non-loopback
+`[metrics] listen` (`metrics_notes`): no `web_config` with `basic_auth_users` or a verified
+client certificate.
 
 Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
 answer proves the endpoint is there without issuing a token. `--live` goes further and uses
@@ -34,6 +37,7 @@ from keyturn.alerts.build import build_hooks
 from keyturn.clock import SystemClock, rfc3339
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig, HttpRotatorConfig
+from keyturn.config.fields import is_loopback
 from keyturn.errors import (
     KeyturnError,
     OAuthError,
@@ -137,7 +141,7 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
 async def check(config: Config, *, live: bool = False) -> Report:
     from keyturn.vault.open import open_vault_store  # noqa: PLC0415
 
-    report = Report()
+    report = Report(notes=metrics_notes(config))
     try:
         store = await open_vault_store(config, clock=SystemClock(), check_mount=False)
     except KeyturnError as error:
@@ -159,6 +163,20 @@ async def check(config: Config, *, live: bool = False) -> Report:
     report.problems += sink_problems(config)
     report.problems += usage_problems(config)
     return report
+
+
+def metrics_notes(config: Config) -> list[str]:
+    """A warning when /usage (with `[usage]`) is open to the network: a non-loopback
+    `[metrics] listen` and no authentication in `web_config`."""
+    metrics = config.metrics
+    web = metrics.web_config
+    if config.usage is None or is_loopback(metrics.host) or (web and web.authenticates):
+        return []
+    return [
+        f"warning: metrics.listen: /usage on {metrics.listen}, not a loopback address, answers "
+        "anyone who reaches it with who reads which credential; set [metrics] web_config "
+        "with basic_auth_users or a verified client certificate (docs/configuration.md#metrics)"
+    ]
 
 
 def revocation_notes(config: Config) -> list[str]:

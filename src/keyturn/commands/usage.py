@@ -83,7 +83,13 @@ def daemon_url(settings: MetricsSettings) -> str:
     host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(  # noqa: S104 - a mapping
         settings.host, settings.host
     )
-    return f"http://[{host}]:{settings.port}" if ":" in host else f"http://{host}:{settings.port}"
+    web = settings.web_config
+    scheme = "https" if web is not None and web.tls is not None else "http"
+    return (
+        f"{scheme}://[{host}]:{settings.port}"
+        if ":" in host
+        else f"{scheme}://{host}:{settings.port}"
+    )
 
 
 def fetch_usage(
@@ -111,6 +117,12 @@ def fetch_usage(
     if response.status_code == 404:
         raise UsageUnavailable(
             f"the daemon at {url} runs without a [usage] table (restart it after adding one)"
+        )
+    if response.status_code in (401, 403):
+        raise UsageUnavailable(
+            f"the daemon at {url} asks for authentication ([metrics] web_config), which "
+            "`keyturn usage` cannot give yet; read /usage with the password or client "
+            "certificate (curl), or from a loopback listener without web_config"
         )
     if response.status_code != 200:
         raise UsageUnavailable(f"the daemon at {url} answered HTTP {response.status_code}")

@@ -7,7 +7,8 @@ See docs/configuration.md for every key. Modules: `schema` (the pydantic models:
 type, default and Literal, and the objects the code reads), `fields` (the value types: how one
 value is read and what a problem line says), `load` (the file, entry names, pydantic's errors
 as problem lines), `overrides` (`KEYTURN_…` variables), `keys` (reading the schema: each
-table's keys), `templates` (an http rotator's templates and JSON pointers), `durations`.
+table's keys), `templates` (an http rotator's templates and JSON pointers), `durations`, `webconfig`
+(`[metrics] web_config`, the exporter toolkit's web configuration file).
 """
 
 from keyturn.config.durations import format_duration, parse_duration

@@ -94,6 +94,7 @@ from keyturn.config.fields import (
     url_or_reference,
 )
 from keyturn.config.templates import REQUEST_PLACEHOLDERS, REVOKE_PLACEHOLDERS, placeholders
+from keyturn.config.webconfig import WebConfig, load_web_config, read_web_config
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
@@ -336,10 +337,15 @@ class VaultSettings(Table):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """Where /metrics, /healthz and /readyz listen. `host` has no brackets."""
+    """Where /metrics, /healthz, /readyz and /usage listen. `host` has no brackets.
+    web_config: the exporter toolkit's web configuration (TLS, client certificates, basic
+    auth), read; None: plain HTTP without authentication. open_paths: the paths served
+    without basic auth (of OPEN_PATHS)."""
 
     host: str = "127.0.0.1"
     port: int = 9797
+    web_config: WebConfig | None = None
+    open_paths: frozenset[str] = frozenset()
 
     @property
     def listen(self) -> str:
@@ -347,14 +353,42 @@ class MetricsSettings:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
+# The paths `[metrics] open_paths` may open: the probes', never /metrics or /usage.
+OPEN_PATHS = ("/healthz", "/readyz")
+_OPEN_PATHS_EXPECTED = 'an array of "/healthz" and "/readyz", e.g. ["/healthz"]'
+
+
+def _open_paths(value: object, from_env: bool) -> tuple[str, ...]:
+    if from_env and isinstance(value, str):  # KEYTURN_METRICS_OPEN_PATHS="/healthz,/readyz"
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, list):
+        raise Invalid(f"got {describe(value)}; expected {_OPEN_PATHS_EXPECTED}")
+    for item in value:
+        if item not in OPEN_PATHS:
+            raise Invalid(f"got {describe(item)} in the array; expected {_OPEN_PATHS_EXPECTED}")
+    return tuple(dict.fromkeys(value))
+
+
 @dataclass(frozen=True, slots=True, config=TABLE)
 class MetricsTable(Table):
-    """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults)."""
+    """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults); `web_config`
+    the exporter toolkit's web configuration file (keyturn.config.webconfig), read at load."""
 
     listen: Annotated[tuple[str, int] | None, LISTEN] = None
+    web_config: Annotated[Path | None, FS_PATH] = None
+    open_paths: Annotated[tuple[str, ...], Check(_OPEN_PATHS_EXPECTED, _open_paths)] = ()
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.web_config is not None:
+            _, found = read_web_config(self.web_config)
+            for line in found:
+                yield "web_config", f"{self.web_config}: {line}"
 
     def build(self) -> MetricsSettings:
-        return MetricsSettings() if self.listen is None else MetricsSettings(*self.listen)
+        web = None if self.web_config is None else load_web_config(self.web_config)
+        default = MetricsSettings()
+        host, port = self.listen or (default.host, default.port)
+        return MetricsSettings(host, port, web, frozenset(self.open_paths))
 
 
 # -- [[providers]] and [[rotators]] ---------------------------------------------------------

@@ -4,7 +4,8 @@ catalog.py ... the metrics contract as data (names, types, labels, help, bounded
                mirrored verbatim from docs/metrics.md
 metrics.py ... `PrometheusObserver`: an `Observer` that keeps every metric in a registry
 health.py .... liveness from the scheduler heartbeat, readiness from Vault and credentials
-server.py .... `MetricsServer`: aiohttp serving /metrics, /healthz and /readyz
+server.py .... `MetricsServer`: aiohttp serving /metrics, /healthz, /readyz and /usage
+guard.py ..... `[metrics] web_config` at work: TLS contexts re-read on change, basic auth
 """
 
 from keyturn.observability.health import HeartbeatLiveness, readiness_check

@@ -7,6 +7,17 @@
                    `usage(names, summary)`; `?credential=NAME` (repeated) picks credentials,
                    `?summary=1` leaves out the consumers' list; 404 without `[usage]`
 
+With `[metrics] web_config` (keyturn.config.webconfig, the exporter toolkit's format):
+- TLS: keyturn accepts connections itself and looks at each one's first byte; a TLS handshake
+  goes on with the current context (keyturn.observability.guard.ServerContexts, re-read when
+  its files change), plain HTTP gets Go's answer, a 400 "Client sent an HTTP request to an
+  HTTPS server.", and is closed. A required client certificate is asked for in the handshake:
+  without one the handshake fails, whatever the path.
+- `basic_auth_users`: every path but `[metrics] open_paths` needs a user and password of that
+  list, else 401 with `WWW-Authenticate: Basic`.
+- `/usage` needs authentication whenever any is configured: a password of the list, or a
+  client certificate verified against `client_ca_file` (403 otherwise).
+
 Rendering the registry of 10,000 credentials takes a while, so it runs on a worker thread and
 the event loop keeps scheduling meanwhile. `ready()` is bounded by `ready_timeout`; when it
 fails or times out the answer is 503 with a line saying so (an exception's type, never its
@@ -17,7 +28,11 @@ text). Port 0 binds a free port; `port` tells which. A port that cannot be bound
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import contextlib
+import socket
+import ssl
+from asyncio import sslproto
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +42,7 @@ from prometheus_client.exposition import choose_encoder
 from keyturn.config import MetricsSettings
 from keyturn.errors import KeyturnError
 from keyturn.logs import get_logger
+from keyturn.observability.guard import BasicAuth, ServerContexts
 from keyturn.observability.health import Alive, Ready
 
 log = get_logger("keyturn.metrics")
@@ -41,6 +57,15 @@ Exposition = Callable[[bool], list[bytes]]
 # How much of the body is joined and written at a time: one copy of the body in flight, not
 # the whole 8 MB of a daemon with 10,000 credentials.
 CHUNK = 256 * 1024
+# Go's net/http answer to plain HTTP on a TLS port, the one the exporter toolkit gives.
+PLAIN_HTTP_ANSWER = (
+    b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n"
+)
+TLS_HANDSHAKE = 0x16  # the first byte of a TLS handshake record
+HANDSHAKE_TIMEOUT = 10  # seconds
+UNAUTHORIZED = {"WWW-Authenticate": "Basic", **NO_STORE}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class MetricsServer:
@@ -66,6 +91,12 @@ class MetricsServer:
         self._ready_timeout = ready_timeout
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        web_config = settings.web_config
+        self._auth = BasicAuth(web_config.users) if web_config and web_config.users else None
+        self._tls = web_config.tls if web_config is not None else None
+        self._verifies = self._tls is not None and self._tls.verifies_clients
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"MetricsServer(listen={self._settings.listen!r}, port={self._port})"
@@ -81,10 +112,13 @@ class MetricsServer:
     def url(self) -> str:
         host = self._settings.host
         host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104 - a mapping
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return (
+            f"{scheme}://[{host}]:{self.port}" if ":" in host else f"{scheme}://{host}:{self.port}"
+        )
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._guard])
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -97,9 +131,13 @@ class MetricsServer:
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self._settings.host, self._settings.port)
-            await site.start()
-        except OSError as exc:
+            if self._tls is None:
+                site = web.TCPSite(runner, self._settings.host, self._settings.port)
+                await site.start()
+                address = runner.addresses[0]
+            else:
+                address = self._listen_tls(runner, ServerContexts(self._tls))
+        except (OSError, ssl.SSLError) as exc:
             await runner.cleanup()
             reason = exc.strerror or type(exc).__name__
             raise KeyturnError(
@@ -109,15 +147,109 @@ class MetricsServer:
             await runner.cleanup()
             raise
         self._runner = runner
-        address = runner.addresses[0]
         self._port = int(address[1])
-        log.info("metrics.listening", host=self._settings.host, port=self._port)
+        log.info(
+            "metrics.listening",
+            host=self._settings.host,
+            port=self._port,
+            tls=self._tls is not None,
+            basic_auth=self._auth is not None,
+        )
+
+    def _listen_tls(self, runner: web.AppRunner, contexts: ServerContexts) -> Any:
+        """Listen, and hand each connection that starts a TLS handshake to aiohttp."""
+        host, port = self._settings.host, self._settings.port
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.create_server(address, family=family, backlog=128)
+        listener.setblocking(False)
+        self._listener = listener
+        self._spawn(self._accept(listener, runner, contexts))
+        return listener.getsockname()
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(
+        self, listener: socket.socket, runner: web.AppRunner, contexts: ServerContexts
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                connection, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # out of file descriptors, say: try again shortly
+                log.warning("metrics.accept_failed", error=type(exc).__name__)
+                await asyncio.sleep(0.1)
+                continue
+            self._spawn(self._hand_over(connection, runner, contexts))
+
+    async def _hand_over(
+        self, connection: socket.socket, runner: web.AppRunner, contexts: ServerContexts
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        connection.setblocking(False)
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                first = await _peek(loop, connection)
+                if first and first[0] == TLS_HANDSHAKE and runner.server is not None:
+                    handshake: asyncio.Future[None] = loop.create_future()
+                    protocol = _AlertingSSLProtocol(
+                        loop,
+                        runner.server(),
+                        contexts.current(),
+                        handshake,
+                        server_side=True,
+                        ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
+                    )
+                    await loop.connect_accepted_socket(lambda: protocol, connection)
+                    await handshake
+                    return
+                if first[:1].isalpha():  # a request line: GET /metrics HTTP/1.1
+                    await loop.sock_recv(connection, 65536)
+                    await loop.sock_sendall(connection, PLAIN_HTTP_ANSWER)
+                    # read to the client's end, so closing sends no reset over the answer
+                    connection.shutdown(socket.SHUT_WR)
+                    async with asyncio.timeout(1.0):
+                        while await loop.sock_recv(connection, 65536):
+                            pass
+        except (TimeoutError, OSError, ssl.SSLError) as exc:
+            log.debug("metrics.handshake_failed", error=type(exc).__name__)
+            # the transport, if one was made, has closed the socket already
+        connection.close()
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            listener.close()
         if runner is not None:
             await runner.cleanup()
             log.info("metrics.stopped")
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Basic auth on every path but the open ones; /usage only for someone known."""
+        if request.path in self._settings.open_paths:
+            return await handler(request)
+        password = False
+        if self._auth is not None:
+            password = await self._auth.check(request.headers.get("Authorization"))
+            if not password:
+                log.info("metrics.unauthorized", path=request.path, remote=request.remote)
+                body = {"error": "authentication required"}
+                return web.json_response(body, status=401, headers=UNAUTHORIZED)
+        if request.path == "/usage" and self._verifies and not password:
+            certificate = request.transport and request.transport.get_extra_info("peercert")
+            if not certificate:
+                body = {"error": "/usage needs a verified client certificate or a password"}
+                return web.json_response(body, status=403, headers=NO_STORE)
+        return await handler(request)
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -173,3 +305,38 @@ class MetricsServer:
         names = request.query.getall("credential", []) or None
         summary = request.query.get("summary", "") in ("1", "true")
         return web.json_response(self._usage(names, summary), headers=NO_STORE)
+
+
+class _AlertingSSLProtocol(sslproto.SSLProtocol):
+    """asyncio's TLS protocol, which also sends the alert of a failed handshake (asyncio
+    drops it): a client without a required certificate hears "certificate required", one
+    with a certificate of another CA "unknown ca", not a bare end of connection."""
+
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        transport, outgoing = self._transport, getattr(self, "_outgoing", None)
+        if handshake_exc is not None and isinstance(transport, asyncio.WriteTransport):
+            with contextlib.suppress(Exception):
+                alert = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+                if alert:
+                    transport.write(alert)
+        super()._on_handshake_complete(handshake_exc)
+
+
+async def _peek(loop: asyncio.AbstractEventLoop, connection: socket.socket) -> bytes:
+    """The connection's first byte, left in place for the TLS handshake (b"" at its end)."""
+    while True:
+        try:
+            return connection.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            pass
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(connection.fileno(), _wake, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(connection.fileno())
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
