@@ -154,7 +154,6 @@ async def check(config: Config, *, live: bool = False) -> Report:
         report.problems += await _check_references(config, store, skip=unusable)
         if config.vault.mount not in unusable:
             report.notes += await takeover_notes(config, store)
-        report.notes += revocation_notes(config)
         if live and config.vault.mount not in unusable:
             await _check_live(config, store, report)
     finally:
@@ -162,6 +161,8 @@ async def check(config: Config, *, live: bool = False) -> Report:
     report.problems += await _check_providers(config)
     report.problems += sink_problems(config)
     report.problems += usage_problems(config)
+    if not report.problems:  # a failing check says what fails, one line each, and no more
+        report.notes += revocation_notes(config)
     return report
 
 
