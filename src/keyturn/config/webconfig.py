@@ -105,7 +105,9 @@ class WebConfig:
 
     path: Path
     tls: TlsServerConfig | None = None
-    users: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    users: Mapping[str, bytes] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False, hash=False
+    )
 
     @property
     def authenticates(self) -> bool:

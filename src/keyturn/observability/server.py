@@ -128,16 +128,26 @@ class MetricsServer:
     async def start(self) -> None:
         if self._runner is not None:
             raise RuntimeError("the metrics server is already started")
+        contexts = None
+        if self._tls is not None:
+            try:
+                contexts = ServerContexts(self._tls)
+            except (OSError, ssl.SSLError) as exc:
+                names = ", ".join(str(path) for path in self._tls.files)
+                raise KeyturnError(
+                    f"metrics: cannot load the TLS certificate, key or CA ({names}): "
+                    f"{getattr(exc, 'strerror', None) or type(exc).__name__}"
+                ) from exc
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
         try:
-            if self._tls is None:
+            if contexts is None:
                 site = web.TCPSite(runner, self._settings.host, self._settings.port)
                 await site.start()
                 address = runner.addresses[0]
             else:
-                address = self._listen_tls(runner, ServerContexts(self._tls))
-        except (OSError, ssl.SSLError) as exc:
+                address = self._listen_tls(runner, contexts)
+        except OSError as exc:
             await runner.cleanup()
             reason = exc.strerror or type(exc).__name__
             raise KeyturnError(
@@ -218,6 +228,8 @@ class MetricsServer:
         except (TimeoutError, OSError, ssl.SSLError) as exc:
             log.debug("metrics.handshake_failed", error=type(exc).__name__)
             # the transport, if one was made, has closed the socket already
+        except Exception as exc:  # one connection's trouble never ends the accept loop
+            log.warning("metrics.connection_failed", error=type(exc).__name__)
         connection.close()
 
     async def stop(self) -> None:
