@@ -246,22 +246,25 @@ class MetricsServer:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Basic auth on every path but the open ones; /usage only for someone known."""
+        """Basic auth on every path but the open ones (`_usage_view` asks for more)."""
         if request.path in self._settings.open_paths:
             return await handler(request)
-        password = False
-        if self._auth is not None:
-            password = await self._auth.check(request.headers.get("Authorization"))
-            if not password:
-                log.info("metrics.unauthorized", path=request.path, remote=request.remote)
-                body = {"error": "authentication required"}
-                return web.json_response(body, status=401, headers=UNAUTHORIZED)
-        if request.path == "/usage" and self._verifies and not password:
-            certificate = request.transport and request.transport.get_extra_info("peercert")
-            if not certificate:
-                body = {"error": "/usage needs a verified client certificate or a password"}
-                return web.json_response(body, status=403, headers=NO_STORE)
+        header = request.headers.get("Authorization")
+        if self._auth is not None and not await self._auth.check(header):
+            log.info("metrics.unauthorized", path=request.path, remote=request.remote)
+            body = {"error": "authentication required"}
+            return web.json_response(body, status=401, headers=UNAUTHORIZED)
         return await handler(request)
+
+    def _known(self, request: web.Request) -> bool:
+        """Whether the request proved who sent it (when web_config lets it): a password of
+        `basic_auth_users`, or a client certificate verified against `client_ca_file`."""
+        if self._auth is None and not self._verifies:
+            return True  # nothing to prove with: `keyturn check` warns when that is exposed
+        if self._auth is not None and request.path not in self._settings.open_paths:
+            return True  # `_guard` let it through: its password matched
+        transport = request.transport
+        return bool(self._verifies and transport and transport.get_extra_info("peercert"))
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -311,8 +314,13 @@ class MetricsServer:
 
     async def _usage_view(self, request: web.Request) -> web.Response:
         """Computed on the event loop, whose thread alone touches the usage tracker."""
+        if not self._known(request):
+            body: dict[str, Any] = {
+                "error": "/usage needs a verified client certificate or a password"
+            }
+            return web.json_response(body, status=403, headers=NO_STORE)
         if self._usage is None:
-            body: dict[str, Any] = {"error": "keyturn runs without a [usage] table"}
+            body = {"error": "keyturn runs without a [usage] table"}
             return web.json_response(body, status=404, headers=NO_STORE)
         names = request.query.getall("credential", []) or None
         summary = request.query.get("summary", "") in ("1", "true")
