@@ -125,11 +125,14 @@ def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Callable[[]
 def wake_when_providers_answer(jobs: JobSet, scheduler: CredentialScheduler) -> None:
     """When a provider issues a token again after an outage, every other credential that waited
     for it runs now instead of when its backoff or cadence ends (`keyturn.providers.recovery`):
-    at most `max_concurrency` at a time, and no faster than the provider's `rate_limit`."""
+    at most `max_concurrency` at a time, and with a `rate_limit` spaced at that rate, so that
+    they do not all queue for the provider's token bucket, each holding a `max_concurrency`
+    slot meanwhile (the other providers' runs would wait for the slots)."""
     for name, client in jobs.clients.items():
+        rate = client.provider.rate_limit
 
-        def back(waiting: frozenset[str], provider: str = name) -> None:
-            woken = scheduler.wake(sorted(waiting))
+        def back(waiting: frozenset[str], provider: str = name, rate: float | None = rate) -> None:
+            woken = scheduler.wake(sorted(waiting), spacing=1.0 / rate if rate else 0.0)
             log.info("provider.back", provider=provider, credentials_woken=len(woken))
 
         client.recovery.on_back(back)

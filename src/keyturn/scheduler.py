@@ -209,13 +209,16 @@ class CredentialScheduler:
             self._plan(name, now)
         return {"added": added, "removed": removed, "changed": rerun}
 
-    def wake(self, names: Iterable[str]) -> list[str]:
+    def wake(self, names: Iterable[str], *, spacing: float = 0.0) -> list[str]:
         """Run these credentials now (e.g. Vault answers again); the semaphore still bounds how
-        many run at once. Returns the names planned."""
+        many run at once. `spacing`: seconds between one's start and the next's, so that runs
+        bound by a provider's rate limit do not all start at once and each hold a slot of the
+        semaphore while they wait for that rate (other credentials' runs would start late).
+        Returns the names planned."""
         now = self._clock.time()
         planned = [name for name in names if name in self._owned]
-        for name in planned:
-            self._plan(name, now)
+        for index, name in enumerate(planned):
+            self._plan(name, now + index * spacing)
         return planned
 
     def replan(self) -> None:

@@ -27,6 +27,7 @@ from keyturn.policy import AFTER_EXPIRY_JITTER, BackoffPolicy, RefreshPolicy, To
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.recovery import DEFAULT_RATE, Recovery
 from keyturn.references import SecretRef
+from keyturn.scheduler import CredentialScheduler
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
 from keyturn.testing.oauth import FakeOAuthServer
@@ -249,6 +250,16 @@ async def test_a_token_issued_to_one_credential_makes_the_others_due_at_once() -
     # Woken before their own retry time, they find their refresh due now.
     for job in jobs[1:]:
         assert (await job.run()).action == "refreshed"
+
+
+def test_a_wake_at_a_rate_limit_plans_one_start_after_another() -> None:
+    world = World()
+    names = ["c0", "c1", "c2"]
+    scheduler = CredentialScheduler([world.job(name) for name in names], clock=world.clock)
+    now = world.clock.time()
+    assert scheduler.wake([*names, "not-configured"], spacing=0.5) == names
+    planned = [scheduler.status_of(name) for name in names]
+    assert [p.next_due - now for p in planned if p is not None] == [0.0, 0.5, 1.0]
 
 
 async def test_a_probe_that_gets_no_answer_is_retried_alone_and_the_token_kept() -> None:
