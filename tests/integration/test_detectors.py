@@ -668,7 +668,10 @@ def test_a_short_token_renewed_in_time_raises_no_alert(
     wait_published(deployment, "renewed", timeout=10)
     time.sleep(max(0.0, began + 22 - time.time()))  # the token would have expired twice
     expiry = running.sample("keyturn_vault_token_expiry_timestamp_seconds")
-    assert expiry > time.time() + 4  # it was renewed
+    # Still valid 22 s after a 12-second token was made: it was renewed. (Not "4 s or more
+    # left": a renewal is due at a third of the TTL left, and a sample taken just as it falls
+    # due, on a busy machine, can see a little less.)
+    assert expiry > time.time()
     assert receiver.matching("vault_token_expiring", "") == []
     assert running.suspicious("vault_token_expiring", "") == 0
 
