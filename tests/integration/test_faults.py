@@ -303,7 +303,7 @@ class AnswerWrites:
         return bool(earlier) and "refresh_in_flight" in earlier[-1].data()
 
 
-def test_a_failed_state_write_after_a_refresh_keeps_the_answer_and_stores_itfirst_reads(
+def test_a_failed_state_write_after_a_refresh_keeps_the_answer_and_stores_it_first(
     scenes: Callable[..., Scene], openbao: OpenBaoDevServer
 ) -> None:
     """A proxy between keyturn and OpenBao answers 500 to the state write that stores a
