@@ -316,8 +316,8 @@ class TokenRefresh:
             if attempt:
                 pause = PROBE_PAUSES[min(attempt, len(PROBE_PAUSES)) - 1]
                 # The probe's retries never cost apps the token they read now.
-                closing = old.expires_at is not None and old.expires_at - self._clock.time()
-                if urgent and closing is not False and closing < 2 * pause + 1:
+                left_now = None if old.expires_at is None else old.expires_at - self._clock.time()
+                if urgent and left_now is not None and left_now < 2 * pause + 1:
                     break
                 await self._clock.sleep(pause)
             unanswered = await probe_answered(
@@ -340,7 +340,7 @@ class TokenRefresh:
             f"({unanswered.message}); the new token is kept and probed again at the next try, "
             "nothing published",
             credential=self.credential.name,
-            retry_after=getattr(unanswered, "retry_after", None),
+            retry_after=unanswered.retry_after,
         ) from unanswered
 
     def _may_store_outcome_first(self, journal: Journal, state: CredentialState) -> bool:

@@ -35,8 +35,7 @@ class Recovery:
     """Shared by every credential of one provider (it lives on its `ProviderClient`)."""
 
     def __init__(self, rate_limit: float | None = None) -> None:
-        limited = rate_limit is not None and rate_limit > 0
-        self.rate = rate_limit * RATE_LIMIT_SHARE if limited and rate_limit else DEFAULT_RATE
+        self.rate = rate_limit * RATE_LIMIT_SHARE if rate_limit else DEFAULT_RATE
         self.waiting: set[str] = set()
         self.answered_at: float | None = None
         self._down = False
