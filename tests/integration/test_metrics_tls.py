@@ -359,13 +359,19 @@ async def _scrape_with_prometheus(binary: str, workdir: Path, config: str) -> di
     try:
         async with httpx.AsyncClient(timeout=2) as http:
             deadline = time.monotonic() + 30
+            body: Any = "no answer from /api/v1/targets"
             while time.monotonic() < deadline:
                 assert process.poll() is None, "prometheus exited; see its log in " + str(workdir)
                 try:
-                    body = (await http.get(f"http://127.0.0.1:{port}/api/v1/targets")).json()
+                    answer = await http.get(f"http://127.0.0.1:{port}/api/v1/targets")
                 except httpx.HTTPError:
+                    answer = None
+                if answer is None or answer.status_code != 200:
+                    # Not listening yet, or listening but not ready: Prometheus answers
+                    # 503 "Service Unavailable" until its storage is open.
                     await asyncio.sleep(0.1)
                     continue
+                body = answer.json()
                 active = body["data"]["activeTargets"]
                 found = {t["labels"]["job"]: t for t in active if t["health"] != "unknown"}
                 if len(found) == len(active) > 0:
