@@ -72,7 +72,7 @@ def client_for(
     handler: Callable[[requests.PreparedRequest], Answer], clock: FakeClock, calls: Calls
 ):
     return VaultClient(
-        CONNECTION, clock=clock, on_operation=calls, adapter=FakeVaultAdapter(handler)
+        CONNECTION, clock=clock, on_operation=calls, transport=FakeVaultAdapter(handler)
     )
 
 
@@ -141,7 +141,7 @@ async def test_a_failing_callback_never_fails_the_vault_call() -> None:
         CONNECTION,
         clock=clock,
         on_operation=broken,
-        adapter=FakeVaultAdapter(lambda request: (200, {"data": {"x": 1}})),
+        transport=FakeVaultAdapter(lambda request: (200, {"data": {"x": 1}})),
     )
     with capture_logs() as logs:
         body = await client.request("GET", "v1/x", kind="read", operation="read", path="x")

@@ -91,7 +91,7 @@ READ_OK = {"data": {"data": {"k": "v"}, "metadata": {"version": 1}}}
 
 def client(cluster: FakeCluster, address: str = STANDBY, *nodes: str) -> VaultClient:
     connection = VaultConnection(address=address, nodes=nodes)
-    made = VaultClient(connection, clock=FakeClock(), adapter=cluster)
+    made = VaultClient(connection, clock=FakeClock(), transport=cluster)
     made.set_token(Secret("t"))
     return made
 
@@ -285,7 +285,7 @@ async def test_a_write_during_an_election_waits_for_the_new_leader(elections: in
     cluster = FakeCluster(handler)
     clock = FakeClock()
     made = VaultClient(
-        VaultConnection(address=STANDBY, nodes=(OTHER,)), clock=clock, adapter=cluster
+        VaultConnection(address=STANDBY, nodes=(OTHER,)), clock=clock, transport=cluster
     )
     made.set_token(Secret("t"))
     try:
@@ -347,7 +347,7 @@ def test_not_sent_means_no_connection_was_made() -> None:
 def store_on(cluster: FakeCluster) -> VaultStore:
     connection = VaultConnection(address=STANDBY)
     return VaultStore(
-        connection, VaultAuth("token", token=Secret("t")), clock=FakeClock(), adapter=cluster
+        connection, VaultAuth("token", token=Secret("t")), clock=FakeClock(), transport=cluster
     )
 
 

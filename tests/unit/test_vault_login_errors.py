@@ -45,7 +45,7 @@ class FakeVault(BaseAdapter):
 async def login_error(
     auth: VaultAuth, handler: Callable[[requests.PreparedRequest], Answer]
 ) -> str:
-    client = VaultClient(VaultConnection("http://vault.test"), adapter=FakeVault(handler))
+    client = VaultClient(VaultConnection("http://vault.test"), transport=FakeVault(handler))
     keeper = TokenKeeper(client, auth, clock=FakeClock(), renew_margin=60)
     try:
         with pytest.raises(VaultAuthError) as refused:

@@ -1,5 +1,6 @@
-"""The Vault session reads the environment once, at start, and keeps honouring it; its direct
-path sends what `requests.Session` would."""
+"""The `requests.Session` under hvac: it reads the environment once, at start, and keeps
+honouring it; a call reaches requests' transport with what it must carry; requests' own
+`HTTPAdapter` (its pool, TLS, errors) is what production runs, over a socket of the test's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from typing import Any
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter, HTTPAdapter
+from requests.adapters import BaseAdapter
 
+from keyturn.errors import VaultUnavailable
 from keyturn.secret import Secret
 from keyturn.testing.transport import vault_answer
 from keyturn.vault.client import (
@@ -24,7 +26,6 @@ from keyturn.vault.client import (
     not_sent,
     session_verify,
 )
-from keyturn.vault.session import DirectSession
 from keyturn_devkit.dev.tls import make_throwaway_pki
 
 
@@ -97,13 +98,13 @@ class Recorder(BaseAdapter):
 async def test_a_vault_call_reaches_the_transport_with_the_token_body_and_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The direct path (no session merging) still sends the token and the JSON body, the
+    """hvac's call reaches requests' transport with the token and the JSON body, the
     session's default headers, the configured CA bundle, the node's proxy and the timeout."""
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
     recorder = Recorder((200, {"Content-Type": "application/json"}, b'{"data": {"version": 4}}'))
     client = VaultClient(
         VaultConnection("https://vault-a.internal:8200", ca_cert=Path("/etc/keyturn/ca.pem")),
-        adapter=recorder,
+        transport=recorder,
     )
     client.set_token(Secret("s.test-token"))
     try:
@@ -135,26 +136,30 @@ async def test_a_vault_call_reaches_the_transport_with_the_token_body_and_settin
     assert settings["stream"] is False
 
 
-def test_a_redirect_is_followed_as_requests_follows_it() -> None:
-    """A 307 (a standby that redirects instead of forwarding) leaves the direct path: the call
-    is made again through `requests.Session.request`, which follows the Location with method
-    and body kept, and the final answer is what the caller gets."""
+async def test_a_redirect_is_followed_as_requests_follows_it() -> None:
+    """A 307 (a standby that redirects instead of forwarding): requests follows the Location
+    with method and body kept, and the final answer is what the caller gets."""
     moved = (307, {"Location": "https://vault-b.internal:8200/v1/secret/data/apps/x"}, b"")
     recorder = Recorder(
         moved,
-        moved,
         (200, {"Content-Type": "application/json"}, b'{"data": {"version": 5}}'),
     )
-    session = DirectSession()
-    session.trust_env = False
-    session.mount("https://", recorder)
-    response = session.request(
-        "POST", "https://vault-a.internal:8200/v1/secret/data/apps/x", json={"data": {"k": "v"}}
-    )
-    assert response.json() == {"data": {"version": 5}}
+    client = VaultClient(VaultConnection("https://vault-a.internal:8200"), transport=recorder)
+    client.set_token(Secret("s.test-token"))
+    try:
+        body = await client.request(
+            "POST",
+            api_url("secret", "data", "apps/x"),
+            kind="write",
+            operation="write",
+            path="secret/apps/x",
+            json={"data": {"k": "v"}},
+        )
+    finally:
+        await client.close()
+    assert body == {"data": {"version": 5}}
     assert [r.url for r, _ in recorder.sent] == [
-        "https://vault-a.internal:8200/v1/secret/data/apps/x",  # direct
-        "https://vault-a.internal:8200/v1/secret/data/apps/x",  # through requests
+        "https://vault-a.internal:8200/v1/secret/data/apps/x",
         "https://vault-b.internal:8200/v1/secret/data/apps/x",
     ]
     assert all(r.method == "POST" for r, _ in recorder.sent)
@@ -222,127 +227,98 @@ class OneShotServer:
             connection.close()
 
 
-def requests_type(error: BaseException) -> type:
-    """The requests exception class `error` is (keyturn's `ConnectionNotMade` is requests'
-    `ConnectionError`, told apart)."""
-    return next(c for c in type(error).__mro__ if c.__module__.startswith("requests."))
-
-
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 
 
+async def _write(address: str, *, ca_cert: Path | None = None) -> list[Any]:
+    """A KV write through a `VaultClient` on requests' own transport: the answer's body, or
+    the error it raised."""
+    client = VaultClient(VaultConnection(address, ca_cert=ca_cert, timeout=0.5))
+    outcomes: list[Any] = []
+    try:
+        try:
+            outcomes.append(
+                await client.request(
+                    "POST",
+                    api_url("secret", "data", "apps/x"),
+                    kind="write",
+                    operation="write",
+                    path="secret/apps/x",
+                    json={"data": {"k": "v"}},
+                )
+            )
+        except VaultUnavailable as error:
+            outcomes.append(error)
+    finally:
+        await client.close()
+    return outcomes
+
+
 @pytest.mark.parametrize("situation", ["refused", "silent", "hang_up", "not_tls"])
-def test_a_call_sent_the_direct_way_fails_as_one_sent_through_requests(
-    situation: str,
-) -> None:
-    """The direct path's errors are requests' own types, and a call that never reached Vault
-    is told apart from one that may have, exactly as through `requests.Session`."""
+async def test_a_call_that_never_reached_vault_is_told_apart(situation: str) -> None:
+    """Through requests' own transport, a call that could not connect is "not sent" (it may
+    go to another node, even a write); one that may have reached Vault (no answer, a hang-up
+    after the request, a failed TLS handshake) is not."""
     server = None if situation == "refused" else OneShotServer(situation)
     port = _free_port() if server is None else server.port
     scheme = "https" if situation == "not_tls" else "http"
-    url = f"{scheme}://127.0.0.1:{port}/v1/secret/data/apps/x"
-    errors: list[BaseException] = []
-    direct = DirectSession()
-    direct.trust_env = False
-    direct.mount("http://", HTTPAdapter(max_retries=0))
-    direct.mount("https://", HTTPAdapter(max_retries=0))
-    plain = requests.Session()
-    plain.trust_env = False
     try:
-        for session in (direct, plain):
-            with pytest.raises(requests.RequestException) as caught:
-                session.request("POST", url, json={"data": {"k": "v"}}, timeout=0.5)
-            errors.append(caught.value)
+        [outcome] = await _write(f"{scheme}://127.0.0.1:{port}")
     finally:
         if server is not None:
             server.close()
-    assert direct._nodes  # the call went the direct way
-    assert requests_type(errors[0]) is requests_type(errors[1])
-    assert not_sent(errors[0]) == not_sent(errors[1]) == (situation == "refused")
+    assert isinstance(outcome, VaultUnavailable)
+    assert isinstance(outcome.__cause__, requests.RequestException)
+    assert not_sent(outcome.__cause__) == (situation == "refused")
 
 
-def test_an_answer_the_direct_way_reads_as_requests_would_give_it() -> None:
-    server = OneShotServer("answer")
-    session = DirectSession()
-    session.trust_env = False
-    session.mount("http://", HTTPAdapter(max_retries=0))
-    try:
-        url = f"http://127.0.0.1:{server.port}/v1/secret/data/apps/x"
-        direct = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
-        through = requests.post(url, json={"data": {"k": "v"}}, timeout=2)
-        kept = sum(len(stack) for stack in session._idle.values())
-    finally:
-        session.close()
-        server.close()
-    assert kept == 1  # the connection is kept open for the next call
-    assert not session._idle  # and closed with the session
-    assert direct.status_code == through.status_code == 200
-    assert direct.ok and direct.reason == through.reason
-    assert direct.json() == through.json() == {"data": {"version": 7}}
-    assert direct.headers["x-vault-index"] == through.headers["X-Vault-Index"] == "abc"
-    assert direct.encoding == through.encoding
-    assert direct.url == through.url
-
-
-def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
+async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
     """Vault (or a load balancer) may close a kept-open connection between two calls: the next
-    call sees it closed and opens a new one instead of failing on the dead one."""
+    call opens a new one instead of failing on the dead one."""
     server = OneShotServer("answer_then_close")
-    session = DirectSession()
-    session.trust_env = False
-    session.mount("http://", HTTPAdapter(max_retries=0))
-    url = f"http://127.0.0.1:{server.port}/v1/secret/data/apps/x"
+    client = VaultClient(VaultConnection(f"http://127.0.0.1:{server.port}", timeout=2))
+    answers = []
     try:
-        first = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
-        assert server.answered.acquire(timeout=5)  # the server has closed that connection
-        second = session.request("POST", url, json={"data": {"k": "v"}}, timeout=2)
+        for _ in range(2):
+            answers.append(
+                await client.request(
+                    "POST",
+                    api_url("secret", "data", "apps/x"),
+                    kind="write",
+                    operation="write",
+                    path="secret/apps/x",
+                    json={"data": {"k": "v"}},
+                )
+            )
+            assert server.answered.acquire(timeout=5)  # the server has closed that connection
     finally:
-        session.close()
+        await client.close()
         server.close()
-    assert first.json() == second.json() == {"data": {"version": 7}}
+    assert answers == [{"data": {"version": 7}}] * 2
     assert len(server.open) == 2  # the second call came over a new connection
 
 
 @pytest.mark.parametrize("trusted", [True, False])
-def test_the_direct_way_checks_vaults_certificate_as_requests_does(
-    trusted: bool, tmp_path: Path
-) -> None:
-    """Over HTTPS the direct way trusts what `verify` names, as requests does: the CA file
-    given (the answer reads the same), or requests' own bundle, which does not know a private
-    CA (the same `SSLError`, and never "not sent")."""
+async def test_vaults_certificate_is_checked_against_ca_cert(trusted: bool, tmp_path: Path) -> None:
+    """Over HTTPS the configured `ca_cert` is what Vault's certificate is checked against;
+    without it, requests' own bundle, which does not know a private CA: an `SSLError`, never
+    "not sent"."""
     pki = make_throwaway_pki(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(pki.cert, pki.key)
     server = OneShotServer("answer", tls=context)
-    url = f"https://127.0.0.1:{server.port}/v1/secret/data/apps/x"
-    verify: str | bool = str(pki.ca_cert) if trusted else True
-    direct = DirectSession()
-    direct.trust_env = False
-    direct.mount("https://", HTTPAdapter(max_retries=0))
-    plain = requests.Session()
-    plain.trust_env = False
-    outcomes: list[requests.Response | BaseException] = []
     try:
-        for session in (direct, plain):
-            try:
-                outcomes.append(
-                    session.request("POST", url, json={"k": "v"}, timeout=2, verify=verify)
-                )
-            except requests.RequestException as error:
-                outcomes.append(error)
+        [outcome] = await _write(
+            f"https://127.0.0.1:{server.port}", ca_cert=pki.ca_cert if trusted else None
+        )
     finally:
-        direct.close()
-        plain.close()
         server.close()
-    assert direct._nodes  # the call went the direct way
     if trusted:
-        answers = [o for o in outcomes if isinstance(o, requests.Response)]
-        assert [a.json() for a in answers] == [{"data": {"version": 7}}] * 2
+        assert outcome == {"data": {"version": 7}}
     else:
-        errors = [o for o in outcomes if isinstance(o, BaseException)]
-        assert len(errors) == 2
-        assert requests_type(errors[0]) is requests_type(errors[1]) is requests.exceptions.SSLError
-        assert not not_sent(errors[0]) and not not_sent(errors[1])
+        assert isinstance(outcome, VaultUnavailable)
+        assert isinstance(outcome.__cause__, requests.exceptions.SSLError)
+        assert not not_sent(outcome.__cause__)

@@ -19,7 +19,7 @@ from keyturn.clock import Clock, rfc3339
 from keyturn.errors import VaultAuthError, VaultDataError, VaultError, VaultPermissionDenied
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
-from keyturn.vault.client import VaultClient, api_url, http_status, vault_reason
+from keyturn.vault.client import VaultClient, VaultNode, http_status, vault_reason
 from keyturn.vault.renewal import MIN_DELAY, TokenLease, error_delay
 
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
@@ -31,8 +31,17 @@ _REQUIRED = {
     "approle": ("role_id",),
     "kubernetes": ("role",),
 }
-_LOOKUP = api_url("auth/token/lookup-self")
 log = get_logger("keyturn.vault")
+
+
+def _lookup_self(node: VaultNode) -> object:
+    """`auth/token/lookup-self`, with the token the call sends."""
+    return node.auth.token.lookup_self()
+
+
+def _renew_self(node: VaultNode) -> object:
+    """`auth/token/renew-self` for the token's own increment."""
+    return node.auth.token.renew_self()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,18 +202,14 @@ class TokenKeeper:
             return True
 
     async def _lookup_self(self) -> None:
-        await self._client.request(
-            "GET", _LOOKUP, kind="lookup", operation="token lookup", path=None
+        await self._client.call(
+            _lookup_self, kind="lookup", operation="token lookup", path=None, write=False
         )
 
     async def _renew(self) -> None:
         try:
-            body = await self._client.request(
-                "POST",
-                api_url("auth/token/renew-self"),
-                kind="renew",
-                operation="token renewal",
-                path=None,
+            body = await self._client.call(
+                _renew_self, kind="renew", operation="token renewal", path=None, write=True
             )
         except VaultError as exc:
             if exc.retryable and not isinstance(exc, VaultAuthError):
@@ -273,12 +278,12 @@ class TokenKeeper:
             assert token is not None
             # A static token's "login" is a look-up of that token: counted as a login.
             try:
-                body = await self._client.request(
-                    "GET",
-                    _LOOKUP,
+                body = await self._client.call(
+                    _lookup_self,
                     kind="login",
                     operation="token lookup",
                     path=None,
+                    write=False,
                     auth=True,
                     token=token,
                 )
@@ -290,20 +295,34 @@ class TokenKeeper:
             lease = TokenLease(self._clock.time(), ttl, renewable, natural or ttl)
             return token, lease, _accessor(data)
         sent: list[Secret | None]
+        mount = auth.mount_point
         if auth.method == "approle":
-            assert auth.role_id is not None
-            payload = {"role_id": auth.role_id.reveal()}
-            if auth.secret_id is not None:
-                payload["secret_id"] = auth.secret_id.reveal()
-            sent = [auth.role_id, auth.secret_id]
+            role_id, secret_id = auth.role_id, auth.secret_id
+            assert role_id is not None
+            sent = [role_id, secret_id]
+
+            def login(node: VaultNode) -> object:
+                return node.auth.approle.login(
+                    role_id.reveal(),
+                    secret_id.reveal() if secret_id is not None else None,
+                    use_token=False,
+                    mount_point=mount,
+                )
+
         else:
             jwt = await self._read(auth.jwt_path or KUBERNETES_JWT)
-            payload = {"role": auth.role or "", "jwt": jwt.reveal()}
+            role = auth.role or ""
             sent = [jwt]
-        url, operation = api_url("auth", auth.mount_point, "login"), f"{auth.method} login"
+
+            def login(node: VaultNode) -> object:
+                return node.auth.kubernetes.login(
+                    role, jwt.reveal(), use_token=False, mount_point=mount
+                )
+
+        operation = f"{auth.method} login"
         try:
-            body = await self._client.request(
-                "POST", url, kind="login", operation=operation, path=None, json=payload, auth=True
+            body = await self._client.call(
+                login, kind="login", operation=operation, path=None, write=True, auth=True
             )
         except VaultAuthError as exc:
             raise self._refused(exc, sent) from exc
@@ -321,8 +340,13 @@ class TokenKeeper:
         through and then refuses every use of the token from elsewhere, which would otherwise
         surface later as a baffling "permission denied" on the first data call."""
         try:
-            await self._client.request(
-                "GET", _LOOKUP, kind="lookup", operation="token lookup", path=None, token=token
+            await self._client.call(
+                _lookup_self,
+                kind="lookup",
+                operation="token lookup",
+                path=None,
+                write=False,
+                token=token,
             )
         except (VaultPermissionDenied, VaultAuthError) as exc:
             said = _said(exc, [*sent, token])

@@ -1,10 +1,23 @@
-"""The blocking edge: one hvac client on a bounded thread pool, and error translation.
+"""The blocking edge: hvac on a bounded thread pool, and error translation.
+
+Every Vault call goes through hvac: its typed methods (`secrets.kv.v2`, `auth.token`,
+`auth.approle`, `auth.kubernetes`, `sys`) where they fit, its adapter's request methods where
+hvac has none (or sends more than keyturn means to). Under hvac is one `requests.Session` with
+requests' own `HTTPAdapter` mounted (its connection pool, TLS and proxies); keyturn writes no
+HTTP client of its own. Tests mount a fake `requests` adapter on that same session instead
+(`transport`, see `keyturn.testing.vault_transport`), so everything above it runs as in
+production.
 
 hvac (and requests under it) block, so every call runs on a dedicated `ThreadPoolExecutor`
 whose size is the Vault concurrency; the requests pool holds as many connections, so no call
 waits for a socket and no more than `max_workers` requests are ever in flight. Everything hvac
 or requests raises is translated here, once, into keyturn's `VaultError` tree with
 `raise ... from exc`; messages name the operation and path, never a value.
+
+The headers a call needs beyond what hvac's typed methods send (the token of the call, or none
+for a login; the consistency headers below) are handed to keyturn's hvac adapter
+(`NodeAdapter`) for the duration of the call on its thread, and the adapter hands back the
+`X-Vault-Index` of the answer the same way: hvac's methods return the body only.
 
 Every call also reports itself to an optional `on_operation(operation, result, seconds)`
 callback (metrics): `operation` is one of `VAULT_OPERATIONS`, `result` one of `VAULT_RESULTS`
@@ -35,6 +48,7 @@ import binascii
 import json as jsonlib
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,10 +58,11 @@ from urllib.parse import quote, urlsplit
 
 import hvac  # no stubs: hvac stays behind this module
 import hvac.adapters
+import hvac.api
 import hvac.exceptions as hvac_errors
 import requests
 import urllib3.exceptions
-from requests.adapters import HTTPAdapter
+from requests.adapters import BaseAdapter, HTTPAdapter
 
 from keyturn.clock import Clock, SystemClock
 from keyturn.errors import (
@@ -60,7 +75,6 @@ from keyturn.errors import (
 )
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
-from keyturn.vault.session import ConnectionNotMade, DirectSession
 from keyturn.vault.store import validate_path
 
 T = TypeVar("T")
@@ -273,7 +287,7 @@ def operation_result(error: BaseException) -> VaultResult:
 def not_sent(exc: BaseException | None) -> bool:
     """Whether a failed call surely never reached Vault (no connection was made), so it may be
     sent to another node even if it was a write."""
-    if isinstance(exc, (requests.ConnectTimeout, ConnectionNotMade)):
+    if isinstance(exc, requests.ConnectTimeout):
         return True
     if not isinstance(exc, requests.ConnectionError):
         return False
@@ -353,12 +367,71 @@ class _Reply:
     index: str | None
 
 
+class _CallState(threading.local):
+    """What the call running on this thread sends beyond hvac's own headers, and the
+    `X-Vault-Index` its answer carried (see `NodeAdapter`)."""
+
+    headers: Mapping[str, str] | None = None
+    index: str | None = None
+
+
+_CALL = _CallState()
+
+
+class NodeAdapter(hvac.adapters.JSONAdapter):  # type: ignore[misc]  # hvac has no stubs
+    """hvac's `JSONAdapter` for one node, adding the headers of the call under way on this
+    thread (its token, the consistency headers) and keeping the answer's `X-Vault-Index`.
+
+    Holds no token of its own: every call says which one it sends (or none, for a login), and
+    hvac never reads `VAULT_TOKEN` by itself. A 200 whose body is not JSON reads as no body.
+    """
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str] | None = None,
+        raise_exception: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        extra = _CALL.headers
+        merged = {**extra, **headers} if extra and headers else dict(extra or headers or {})
+        response = hvac.adapters.RawAdapter.request(
+            self, method, url, headers=merged, raise_exception=raise_exception, **kwargs
+        )
+        _CALL.index = response.headers.get(INDEX_HEADER)
+        if response.status_code == 200:
+            try:
+                return response.json()
+            except ValueError:
+                return None
+        return response
+
+
+class VaultNode:
+    """hvac's API on one Vault node, as an `hvac.Client` gives it (`adapter`, `auth`, `secrets`,
+    `sys`), over keyturn's `NodeAdapter`. Built from the adapter rather than by
+    `hvac.Client`, which would read `VAULT_TOKEN`, `VAULT_CACERT` and the client certificate
+    variables by itself."""
+
+    def __init__(self, adapter: NodeAdapter) -> None:
+        self.adapter = adapter
+        self.auth = hvac.api.AuthMethods(adapter=adapter)
+        self.secrets = hvac.api.SecretsEngines(adapter=adapter)
+        self.sys = hvac.api.SystemBackend(adapter=adapter)
+
+
+# What a call does with hvac on the node it goes to; runs on a Vault thread.
+Use = Callable[[VaultNode], object]
+
+
 class VaultClient:
     """hvac behind a bounded thread pool; the token is held by `TokenKeeper`, not here.
 
-    `adapter` replaces the HTTP transport (a `requests` adapter), for tests that must not open
-    sockets; `clock` times each call for `on_operation`. Calls with `consistent=True` go to the
-    active node of a cluster (see the module docstring).
+    `transport` is mounted on the `requests.Session` under hvac instead of requests'
+    `HTTPAdapter` (tests fake Vault there and open no socket; see
+    `keyturn.testing.vault_transport`); `clock` times each call for `on_operation`. Calls
+    with `consistent=True` go to the active node of a cluster (see the module docstring).
     """
 
     def __init__(
@@ -367,34 +440,28 @@ class VaultClient:
         *,
         clock: Clock | None = None,
         on_operation: OnOperation | None = None,
-        adapter: requests.adapters.BaseAdapter | None = None,
+        transport: BaseAdapter | None = None,
     ) -> None:
         self.connection = connection
         self.on_operation: OnOperation = on_operation or _ignore
         self._clock: Clock = clock or SystemClock()
-        self._session = DirectSession(max_idle=connection.max_workers)
-        pool = adapter or HTTPAdapter(
-            pool_connections=max(2, len(connection.addresses) + 1),
-            pool_maxsize=connection.max_workers,
-            max_retries=0,
-        )
-        self._session.mount("http://", pool)
-        self._session.mount("https://", pool)
+        self._session = requests.Session()
         # requests looks at the environment (proxy and CA-bundle variables, ~/.netrc) on every
         # call when `trust_env` is on: 5 % of a cold start's CPU. Read it once, here, instead.
         self._session.trust_env = False
+        mounted = transport or HTTPAdapter(
+            pool_connections=max(2, len(connection.addresses) + 1),
+            pool_maxsize=connection.max_workers,  # one connection per Vault thread
+            max_retries=0,
+        )
+        self._session.mount("http://", mounted)
+        self._session.mount("https://", mounted)
         verify = session_verify(connection.ca_cert, os.environ)
         self._session.verify = verify
-        self._options: dict[str, Any] = {
-            "timeout": connection.timeout,
-            "session": self._session,
-            "namespace": connection.namespace,
-            "verify": verify,
-        }
+        self._verify = verify
         self._proxies = {base: environment_proxies(base) for base in connection.addresses}
-        # One hvac adapter per node, all on the same pool. None holds a token: each call sends
-        # the current one (or none for logins), and hvac never reads VAULT_TOKEN by itself.
-        self._adapters: dict[str, Any] = {}
+        # One hvac node per address, all on the same session.
+        self._nodes: dict[str, VaultNode] = {}
         self._token: str | None = None
         self._addresses = connection.addresses
         self._home = 0  # index in _addresses of the node ordinary calls go to
@@ -447,22 +514,55 @@ class VaultClient:
         token: Secret | None = None,
         consistent: bool = False,
     ) -> dict[str, Any] | None:
-        """One HTTP call; the JSON body, or None for 204 (or for 404 when `missing_ok`).
+        """One call through hvac's adapter (`method` on `url`, e.g. "v1/sys/…"), for calls
+        hvac has no method for; see `call`."""
+        body = dict(json) if json is not None else None
+
+        def use(node: VaultNode) -> object:
+            return node.adapter.request(method, url, json=body)
+
+        return await self.call(
+            use,
+            kind=kind,
+            operation=operation,
+            path=path,
+            write=method.upper() != "GET",
+            missing_ok=missing_ok,
+            auth=auth,
+            token=token,
+            consistent=consistent,
+        )
+
+    async def call(
+        self,
+        use: Use,
+        *,
+        kind: VaultOperation,
+        operation: str,
+        path: str | None,
+        write: bool,
+        missing_ok: bool = False,
+        auth: bool = False,
+        token: Secret | None = None,
+        consistent: bool = False,
+    ) -> dict[str, Any] | None:
+        """One Vault call: `use(node)` with hvac on the node it goes to; the JSON body, or
+        None for 204 (or for 404 when `missing_ok`).
 
         `kind` is the call's word for metrics (`on_operation`); `operation` describes it in
-        error messages. `auth` and `token` send no token (logins) or that one instead of the
-        current one (look-ups of a candidate token). `consistent`: the answer must reflect
-        every write Vault has acknowledged (and a write must be judged against current data):
-        the call goes to the active node, see the module docstring.
+        error messages. `write`: the call changes something (it is never sent to another node
+        unless it surely never reached the first). `auth` and `token` send no token (logins)
+        or that one instead of the current one (look-ups of a candidate token). `consistent`:
+        the answer must reflect every write Vault has acknowledged (and a write must be judged
+        against current data): the call goes to the active node, see the module docstring.
         """
         started = self._clock.monotonic()
         try:
             answer = await self._send(
-                method,
-                url,
+                use,
                 operation=operation,
                 path=path,
-                json=json,
+                write=write,
                 missing_ok=missing_ok,
                 auth=auth,
                 token=token,
@@ -476,19 +576,16 @@ class VaultClient:
 
     async def _send(
         self,
-        method: str,
-        url: str,
+        use: Use,
         *,
         operation: str,
         path: str | None,
-        json: Mapping[str, Any] | None,
+        write: bool,
         missing_ok: bool,
         auth: bool,
         token: Secret | None,
         consistent: bool,
     ) -> object:
-        body = dict(json) if json is not None else None
-        write = method.upper() != "GET"
         send_index = consistent
         tried: set[str] = set()
         last: VaultError | None = None
@@ -506,7 +603,7 @@ class VaultClient:
             if send_index and self.index.header:
                 headers[INDEX_HEADER] = self.index.header
                 headers[INCONSISTENT_HEADER] = "forward-active-node"
-            call = self._caller(base, method, url, headers, body, missing_ok)
+            call = self._caller(self._node(base), use, headers, missing_ok)
             try:
                 reply = await self.run(call, operation=operation, path=path, auth=auth)
             except VaultError as exc:
@@ -538,42 +635,42 @@ class VaultClient:
         assert last is not None  # only a failed attempt ends the loop without returning
         raise last
 
+    @staticmethod
     def _caller(
-        self,
-        base: str,
-        method: str,
-        url: str,
-        headers: dict[str, str],
-        body: dict[str, Any] | None,
-        missing_ok: bool,
+        node: VaultNode, use: Use, headers: Mapping[str, str], missing_ok: bool
     ) -> Callable[[], _Reply]:
-        adapter = self._adapter(base)
-
         def call() -> _Reply:
+            _CALL.headers, _CALL.index = headers, None
             try:
-                response = adapter.request(method, url, headers=headers, json=body)
+                body = use(node)
             except hvac_errors.InvalidPath:
                 if missing_ok:
                     return _Reply(_MISSING, None)
                 raise
-            index = response.headers.get(INDEX_HEADER)
-            if response.status_code != 200:
-                return _Reply(None, index)
-            try:
-                return _Reply(response.json(), index)
-            except ValueError:
-                return _Reply(None, index)
+            finally:
+                _CALL.headers = None
+            return _Reply(body if isinstance(body, dict) else None, _CALL.index)
 
         return call
 
-    def _adapter(self, base: str) -> Any:
-        adapter = self._adapters.get(base)
-        if adapter is None:
-            adapter = hvac.adapters.RawAdapter(
-                base_uri=base, token=None, proxies=self._proxies.get(base), **self._options
+    def _node(self, base: str) -> VaultNode:
+        node = self._nodes.get(base)
+        if node is None:
+            adapter = NodeAdapter(
+                base_uri=base,
+                token=None,
+                verify=self._verify,
+                timeout=self.connection.timeout,
+                proxies=self._proxies.get(base),
+                session=self._session,
+                namespace=self.connection.namespace,
             )
-            self._adapters[base] = adapter
-        return adapter
+            node = self._nodes[base] = VaultNode(adapter)
+        return node
+
+    def _adapter(self, base: str) -> NodeAdapter:
+        """hvac's adapter for the node at `base`."""
+        return self._node(base).adapter
 
     def _node_failed(self, base: str) -> None:
         """`base` could not take a call: leave it alone for `ACTIVE_RECHECK` seconds."""
@@ -626,13 +723,8 @@ class VaultClient:
         order.sort(key=self._is_down)  # nodes that just failed last (stable otherwise)
         for base in order:
             try:
-                response = self._session.get(
-                    f"{base}/v1/sys/leader",
-                    timeout=self.connection.timeout,
-                    allow_redirects=False,
-                )
-                answer = response.json() if response.status_code == 200 else None
-            except (requests.RequestException, ValueError):
+                answer = self._node(base).sys.read_leader_status()
+            except (requests.RequestException, hvac_errors.VaultError, ValueError):
                 continue
             if not isinstance(answer, dict):
                 continue
@@ -681,7 +773,7 @@ class VaultClient:
             return
         self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._session.close()
+        self._session.close()  # requests' pool closes its connections
 
 
 def _index_refused(exc: BaseException | None) -> bool:

@@ -30,7 +30,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-import requests.adapters
+from hvac.utils import format_url  # no stubs: hvac stays behind keyturn.vault
+from requests.adapters import BaseAdapter
 
 from keyturn.clock import Clock
 from keyturn.errors import (
@@ -45,10 +46,11 @@ from keyturn.secret import Secret
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import (
     OnOperation,
+    Use,
     VaultClient,
     VaultConnection,
+    VaultNode,
     VaultOperation,
-    api_url,
     not_sent,
 )
 from keyturn.vault.store import (
@@ -82,15 +84,15 @@ class VaultStore:
         clock: Clock,
         rng: random.Random | None = None,
         on_operation: OnOperation | None = None,
-        adapter: requests.adapters.BaseAdapter | None = None,
+        transport: BaseAdapter | None = None,
     ) -> None:
         """`on_operation(operation, result, seconds)` is told about every Vault call, logins,
-        renewals and look-ups included (see `keyturn.vault.client`); `adapter` replaces the
-        HTTP transport (tests)."""
+        renewals and look-ups included (see `keyturn.vault.client`); `transport` is mounted
+        under hvac instead of requests' own (tests fake Vault there)."""
         self.connection = connection
         self._auth_method = auth.method
         self._client = VaultClient(
-            connection, clock=clock, on_operation=on_operation, adapter=adapter
+            connection, clock=clock, on_operation=on_operation, transport=transport
         )
         self.keeper = TokenKeeper(
             self._client, auth, clock=clock, renew_margin=connection.renew_margin, rng=rng
@@ -123,12 +125,11 @@ class VaultStore:
     async def read(self, path: str, *, consistent: bool = False) -> KvEntry | None:
         validate_path(path)
         body = await self._call(
-            "GET",
-            self.mount,
-            "data",
-            path,
+            _read_version(self.mount, path),
+            path=f"{self.mount}/{path}",
             kind="read",
             operation="read",
+            missing_ok=True,
             consistent=consistent,
         )
         data = _dict(body.get("data") if body else None)
@@ -177,14 +178,20 @@ class VaultStore:
         return version
 
     async def _write_metadata(self, path: str, metadata: Mapping[str, Any]) -> None:
+        # Not hvac's `update_metadata`: it would also send `delete_version_after`, resetting
+        # what an operator set on the secret. Only the custom metadata is written.
+        url = format_url("/v1/{mount}/metadata/{path}", mount=self.mount, path=path)
+        body = dict(metadata)
+
+        def use(node: VaultNode) -> object:
+            return node.adapter.post(url, json=body)
+
         await self._call(
-            "POST",
-            self.mount,
-            "metadata",
-            path,
+            use,
+            path=f"{self.mount}/{path}",
             kind="write",
             operation="write metadata",
-            json=metadata,
+            write=True,
             consistent=True,
         )
 
@@ -199,14 +206,19 @@ class VaultStore:
     async def _write_data(
         self, path: str, payload: Mapping[str, Any], cas: int | None
     ) -> dict[str, Any] | None:
+        mount, data = self.mount, payload["data"]
+
+        def use(node: VaultNode) -> object:
+            return node.secrets.kv.v2.create_or_update_secret(
+                path, secret=data, cas=cas, mount_point=mount
+            )
+
         return await self._call(
-            "POST",
-            self.mount,
-            "data",
-            path,
+            use,
+            path=f"{mount}/{path}",
             kind="write",
             operation=f"write (cas={cas})",
-            json=payload,
+            write=True,
             consistent=True,
         )
 
@@ -258,13 +270,17 @@ class VaultStore:
 
     async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:
         validate_path(path)
+        mount = self.mount
+
+        def use(node: VaultNode) -> object:
+            return node.secrets.kv.v2.read_secret_metadata(path, mount_point=mount)
+
         body = await self._call(
-            "GET",
-            self.mount,
-            "metadata",
-            path,
+            use,
+            path=f"{mount}/{path}",
             kind="read_metadata",
             operation="read metadata",
+            missing_ok=True,
             consistent=consistent,
         )
         data = _dict(body.get("data") if body else None)
@@ -272,25 +288,33 @@ class VaultStore:
 
     async def delete_all(self, path: str) -> None:
         validate_path(path)
+        mount = self.mount
+
+        def use(node: VaultNode) -> object:
+            return node.secrets.kv.v2.delete_metadata_and_all_versions(path, mount_point=mount)
+
         await self._call(
-            "DELETE",
-            self.mount,
-            "metadata",
-            path,
+            use,
+            path=f"{mount}/{path}",
             kind="delete",
             operation="delete all versions",
+            write=True,
             consistent=True,
         )
 
     async def list_keys(self, prefix: str, *, consistent: bool = False) -> list[str]:
         validate_path(prefix)
+        mount = self.mount
+
+        def use(node: VaultNode) -> object:
+            return node.secrets.kv.v2.list_secrets(prefix, mount_point=mount)
+
         body = await self._call(
-            "LIST",
-            self.mount,
-            "metadata",
-            prefix,
+            use,
+            path=f"{mount}/{prefix}",
             kind="list",
             operation="list",
+            missing_ok=True,
             consistent=consistent,
         )
         keys = (_dict(body.get("data")) or {}).get("keys") if body else None
@@ -304,10 +328,18 @@ class VaultStore:
         self, folder: str, *, after: str = "", limit: int, consistent: bool = False
     ) -> list[tuple[str, KvMetadata | None]] | None:
         validate_path(folder)
+        # OpenBao's detailed-metadata (no hvac method): the folder, with its trailing slash.
         query = urlencode({"after": after, "limit": limit} if after else {"limit": limit})
-        body = await self._call_url(
-            "LIST",
-            f"{api_url(self.mount, 'detailed-metadata', folder.strip('/'))}/?{query}",
+        url = format_url(
+            "/v1/{mount}/detailed-metadata/{folder}", mount=self.mount, folder=folder.strip("/")
+        )
+        url = f"{url}/?{query}"
+
+        def use(node: VaultNode) -> object:
+            return node.adapter.list(url)
+
+        body = await self._call(
+            use,
             kind="list",
             operation="list metadata",
             path=f"{self.mount}/{folder}",
@@ -334,12 +366,11 @@ class VaultStore:
         validate_path(mount, what="mount")
         validate_path(path)
         body = await self._call(
-            "GET",
-            mount,
-            "data",
-            path,
+            _read_version(mount, path),
+            path=f"{mount}/{path}",
             kind="read_field",
             operation="read field",
+            missing_ok=True,
             consistent=consistent,
         )
         data = _dict(body.get("data") if body else None)
@@ -350,13 +381,12 @@ class VaultStore:
         wanted = [validate_api_path(path) for path in paths]
         if not wanted:
             return {}
-        body = await self._call_url(
-            "POST",
-            api_url("sys/capabilities-self"),
-            kind="capabilities",
-            operation="capabilities",
-            path=None,
-            json={"paths": wanted},
+
+        def use(node: VaultNode) -> object:
+            return node.sys.get_capabilities(paths=wanted)
+
+        body = await self._call(
+            use, kind="capabilities", operation="capabilities", path=None, write=True
         )
         data = _dict(body.get("data") if body else None) or {}
         result: dict[str, frozenset[str]] = {}
@@ -375,9 +405,13 @@ class VaultStore:
         (`keyturn.vault.mounts` tells them apart).
         """
         validate_path(mount, what="mount")
-        body = await self._call_url(
-            "GET",
-            api_url("sys/internal/ui/mounts", mount),
+        url = format_url("/v1/sys/internal/ui/mounts/{mount}", mount=mount)
+
+        def use(node: VaultNode) -> object:
+            return node.adapter.get(url)  # no hvac method for it
+
+        body = await self._call(
+            use,
             kind="read_metadata",
             operation="read mount configuration",
             path=f"sys/internal/ui/mounts/{mount}",
@@ -387,8 +421,11 @@ class VaultStore:
     async def lookup_self(self) -> Mapping[str, Any]:
         """The `data` of keyturn's own token look-up: its display name, `meta` and entity id
         are how Vault's audit log names keyturn (keyturn.usage tells its reads apart)."""
-        url = api_url("auth/token/lookup-self")
-        body = await self._call_url("GET", url, kind="lookup", operation="token lookup", path=None)
+
+        def use(node: VaultNode) -> object:
+            return node.auth.token.lookup_self()
+
+        body = await self._call(use, kind="lookup", operation="token lookup", path=None)
         return _dict(body.get("data") if body else None) or {}
 
     async def health(self) -> None:
@@ -400,51 +437,27 @@ class VaultStore:
 
     async def _call(
         self,
-        method: str,
-        mount: str,
-        section: str,
-        path: str,
-        *,
-        kind: VaultOperation,
-        operation: str,
-        json: Mapping[str, Any] | None = None,
-        consistent: bool = False,
-    ) -> dict[str, Any] | None:
-        return await self._call_url(
-            method,
-            api_url(mount, section, path),
-            kind=kind,
-            operation=operation,
-            path=f"{mount}/{path}",
-            json=json,
-            missing_ok=method in ("GET", "LIST"),
-            consistent=consistent,
-        )
-
-    async def _call_url(
-        self,
-        method: str,
-        url: str,
+        use: Use,
         *,
         kind: VaultOperation,
         operation: str,
         path: str | None,
-        json: Mapping[str, Any] | None = None,
+        write: bool = False,
         missing_ok: bool = False,
         consistent: bool = False,
     ) -> dict[str, Any] | None:
-        """One data call; on a 403 caused by a dead token: one re-login, one retry."""
+        """One data call (`use(node)` with hvac, see `VaultClient.call`); on a 403 caused by
+        a dead token: one re-login, one retry."""
         await self.keeper.ensure_login()
         generation = self.keeper.generation
 
         async def call() -> dict[str, Any] | None:
-            return await self._client.request(
-                method,
-                url,
+            return await self._client.call(
+                use,
                 kind=kind,
                 operation=operation,
                 path=path,
-                json=json,
+                write=write,
                 missing_ok=missing_ok,
                 consistent=consistent,
             )
@@ -455,6 +468,18 @@ class VaultStore:
             if not await self.keeper.token_rejected(generation):
                 raise
         return await call()
+
+
+def _read_version(mount: str, path: str) -> Use:
+    """The current version of a KV v2 secret, with hvac; a deleted version is a 404 as a
+    missing secret is (hvac's `raise_on_deleted_version`)."""
+
+    def use(node: VaultNode) -> object:
+        return node.secrets.kv.v2.read_secret_version(
+            path, mount_point=mount, raise_on_deleted_version=True
+        )
+
+    return use
 
 
 def parse_time(text: object, *, path: str, what: str) -> float:
