@@ -1,6 +1,6 @@
 """Every Vault call reports (operation, result, seconds) to `on_operation`; no sockets opened.
 
-`VaultClient` takes a `requests` adapter, so a small fake Vault answers here the way Vault
+`VaultClient` takes a `requests` transport, so a small fake Vault answers here the way Vault
 does (status codes and `errors` bodies); hvac and keyturn's translation run for real on top.
 The same words against a real OpenBao: tests/integration/test_vault_metrics.py.
 """
@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import requests
-from requests.adapters import BaseAdapter
 from structlog.testing import capture_logs
 
 from keyturn.clock import FakeClock
@@ -24,7 +23,7 @@ from keyturn.errors import (
     VaultUnavailable,
 )
 from keyturn.secret import Secret
-from keyturn.testing.transport import vault_answer
+from keyturn.testing.transport import VaultTransport
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import (
     VAULT_OPERATIONS,
@@ -35,26 +34,6 @@ from keyturn.vault.client import (
 )
 
 Answer = tuple[int, dict[str, Any] | None] | Exception
-
-
-class FakeVaultAdapter(BaseAdapter):
-    """A `requests` transport answering every request with `handler(request)`."""
-
-    def __init__(self, handler: Callable[[requests.PreparedRequest], Answer]) -> None:
-        super().__init__()
-        self.handler = handler
-        self.seen: list[tuple[str, str]] = []
-
-    def send(self, request: requests.PreparedRequest, *args: object, **kwargs: object) -> Any:
-        self.seen.append((request.method or "", request.path_url))
-        answer = self.handler(request)
-        if isinstance(answer, Exception):
-            raise answer
-        status, body = answer
-        return vault_answer(request, status, body)
-
-    def close(self) -> None:
-        pass
 
 
 class Calls:
@@ -72,7 +51,7 @@ def client_for(
     handler: Callable[[requests.PreparedRequest], Answer], clock: FakeClock, calls: Calls
 ):
     return VaultClient(
-        CONNECTION, clock=clock, on_operation=calls, transport=FakeVaultAdapter(handler)
+        CONNECTION, clock=clock, on_operation=calls, transport=VaultTransport(handler)
     )
 
 
@@ -141,7 +120,7 @@ async def test_a_failing_callback_never_fails_the_vault_call() -> None:
         CONNECTION,
         clock=clock,
         on_operation=broken,
-        transport=FakeVaultAdapter(lambda request: (200, {"data": {"x": 1}})),
+        transport=VaultTransport(lambda request: (200, {"data": {"x": 1}})),
     )
     with capture_logs() as logs:
         body = await client.request("GET", "v1/x", kind="read", operation="read", path="x")

@@ -15,37 +15,21 @@ from typing import Any
 import hvac.exceptions as hvac_errors
 import pytest
 import requests
-from requests.adapters import BaseAdapter
 
 from keyturn.clock import FakeClock
 from keyturn.errors import VaultAuthError
 from keyturn.secret import Secret
-from keyturn.testing.transport import vault_answer
+from keyturn.testing.transport import VaultTransport
 from keyturn.vault.auth import TokenKeeper, VaultAuth
 from keyturn.vault.client import REASON_LIMIT, VaultClient, VaultConnection, vault_reason
 
 Answer = tuple[int, dict[str, Any]]
 
 
-class FakeVault(BaseAdapter):
-    """A `requests` transport answering each request with `handler(request)`."""
-
-    def __init__(self, handler: Callable[[requests.PreparedRequest], Answer]) -> None:
-        super().__init__()
-        self.handler = handler
-
-    def send(self, request: requests.PreparedRequest, *args: object, **kwargs: object) -> Any:
-        status, body = self.handler(request)
-        return vault_answer(request, status, body)
-
-    def close(self) -> None:
-        pass
-
-
 async def login_error(
     auth: VaultAuth, handler: Callable[[requests.PreparedRequest], Answer]
 ) -> str:
-    client = VaultClient(VaultConnection("http://vault.test"), transport=FakeVault(handler))
+    client = VaultClient(VaultConnection("http://vault.test"), transport=VaultTransport(handler))
     keeper = TokenKeeper(client, auth, clock=FakeClock(), renew_margin=60)
     try:
         with pytest.raises(VaultAuthError) as refused:

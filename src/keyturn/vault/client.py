@@ -5,7 +5,7 @@ Every Vault call goes through hvac: its typed methods (`secrets.kv.v2`, `auth.to
 hvac has none (or sends more than keyturn means to). Under hvac is one `requests.Session` with
 requests' own `HTTPAdapter` mounted (its connection pool, TLS and proxies); keyturn writes no
 HTTP client of its own. Tests mount a fake `requests` adapter on that same session instead
-(`transport`, see `keyturn.testing.vault_transport`), so everything above it runs as in
+(`transport`, see `keyturn.testing.transport`), so everything above it runs as in
 production.
 
 hvac (and requests under it) block, so every call runs on a dedicated `ThreadPoolExecutor`
@@ -430,7 +430,7 @@ class VaultClient:
 
     `transport` is mounted on the `requests.Session` under hvac instead of requests'
     `HTTPAdapter` (tests fake Vault there and open no socket; see
-    `keyturn.testing.vault_transport`); `clock` times each call for `on_operation`. Calls
+    `keyturn.testing.transport`); `clock` times each call for `on_operation`. Calls
     with `consistent=True` go to the active node of a cluster (see the module docstring).
     """
 
