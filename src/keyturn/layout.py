@@ -3,7 +3,10 @@
 Published (at a credential's `publish_to`, readable by the app):
     oauth_client: access_token, token_type, expires_at, issued_at, refresh_at, authorization
     api_key: api_key, key_id, created_at, rotate_after, authorization
-    custom_metadata: managed-by=keyturn, credential, expires_at, writer (refresh_at: tokens)
+    custom_metadata: managed-by=keyturn, credential, writer (what does not change from one
+        publish to the next: written when it differs from what is there, not with every
+        version; the times are in the data. Before 0.2.0 it also held expires_at and
+        refresh_at)
 
 Private (at `state_path(<state_prefix>, <name>)`, readable only by keyturn's policy): one
 record per credential, `keyturn.state.CredentialState`.
@@ -48,19 +51,24 @@ def api_key_published_fields(
     }
 
 
+def custom_metadata(credential: str, writer: str) -> dict[str, str]:
+    """KV custom_metadata on every published path: who manages it, for which credential, and
+    which instance wrote it, so audits and the change-detection sweep can tell keyturn's
+    writes from others'. Nothing in it changes from one refresh to the next (`writer` changes
+    when another instance publishes), so a publish writes it only when it differs from what
+    is at the path (one Vault call fewer per refresh). When a value expires, or when keyturn
+    replaces it, is in the published data (`expires_at`, `refresh_at`, `rotate_after`)."""
+    return {"managed-by": MANAGED_BY, "credential": credential, "writer": writer}
+
+
 def published_metadata(
     credential: str, expires_at: float, writer: str, *, refresh_at: float | None = None
 ) -> dict[str, str]:
-    """KV custom_metadata on every published path, so readers can schedule and audits can see."""
-    metadata = {
-        "managed-by": MANAGED_BY,
-        "credential": credential,
-        "expires_at": rfc3339(expires_at),
-        "writer": writer,
-    }
-    if refresh_at is not None:
-        metadata["refresh_at"] = rfc3339(math.ceil(refresh_at))
-    return metadata
+    """`custom_metadata(credential, writer)` under its pre-0.2.0 signature, for callers not yet
+    moved to it: `expires_at` and `refresh_at` are no longer put in custom_metadata (they are
+    in the published data)."""
+    del expires_at, refresh_at
+    return custom_metadata(credential, writer)
 
 
 def state_path(prefix: str, credential: str) -> str:

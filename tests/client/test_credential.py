@@ -89,7 +89,6 @@ def oauth(
     *,
     lifetime: float = 100,
     refresh_in: float | None = None,
-    in_metadata: bool = False,
 ) -> dict[str, str]:
     now = clock.time()
     data = {
@@ -99,7 +98,7 @@ def oauth(
         "issued_at": rfc3339(now),
         "authorization": f"Bearer {token}",
     }
-    if refresh_in is not None and not in_metadata:
+    if refresh_in is not None:
         data["refresh_at"] = rfc3339(now + refresh_in)
     return data
 
@@ -158,12 +157,17 @@ def test_the_value_is_cached_until_refresh_at_then_read_again(vault, clock, make
     assert len(vault.reads) == 2
 
 
-def test_refresh_at_in_the_custom_metadata_is_honoured(vault, clock, make) -> None:
+def test_the_times_are_read_from_the_data_not_the_custom_metadata(vault, clock, make) -> None:
+    """keyturn's custom metadata holds no times (since 0.2.0): a `refresh_at` there is not
+    what plans the next read; the data's `expires_at` (less the margin) does."""
     data = oauth(clock, "at_one", lifetime=100)
     vault.publish(data, {"managed-by": "keyturn", "refresh_at": rfc3339(clock.time() + 30)})
     credential = make(margin=5)
     assert credential.value == "at_one"
-    clock.advance(29.75)
+    clock.advance(30)
+    assert credential.value == "at_one"
+    assert len(vault.reads) == 1
+    clock.advance(64.75)
     assert credential.value == "at_one"
     assert len(vault.reads) == 1
     clock.advance(0.25)

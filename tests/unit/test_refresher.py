@@ -123,11 +123,10 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
     assert entry.data["authorization"] == "Bearer at-1-secretvalue"
     assert entry.data["token_type"] == "Bearer"
     assert parse_rfc3339(entry.data["expires_at"]) == int(world.clock.time()) + 600
+    # What does not change from one refresh to the next; the times are in the data.
     assert entry.custom_metadata == {
         "managed-by": "keyturn",
         "credential": "reporting",
-        "expires_at": entry.data["expires_at"],
-        "refresh_at": entry.data["refresh_at"],
         "writer": "i-1",
     }
     state = await world.state()
@@ -607,3 +606,150 @@ async def test_an_outcome_stored_before_a_publish_that_failed_is_taken_back(worl
     outcome = await refresher.run()
     assert outcome.action == "refreshed"
     assert world.server.used_refresh == ["rt-1-secretvalue", "rt-2-secretvalue"]
+
+
+class CountingStore(FakeVaultStore):
+    """Counts the custom metadata writes (a second Vault call each) beside `writes`."""
+
+    metadata_writes: list[str]
+
+    async def write(self, path: str, data: object, **options: object) -> int:  # type: ignore[override]
+        version = await super().write(path, data, **options)  # type: ignore[arg-type]
+        if options.get("custom_metadata") is not None:
+            self.metadata_writes.append(path)
+        return version
+
+
+def counting(world: World) -> CountingStore:
+    store = CountingStore(clock=world.clock)
+    store.metadata_writes = []
+    world.store = store
+    return store
+
+
+async def steady_refresh(
+    world: World, job: CredentialJob, due: float
+) -> tuple[list[str], int, int, float]:
+    """One refresh at `due`: the paths written, the metadata writes and the reads it made,
+    and when the next one is due."""
+    store = world.store
+    assert isinstance(store, CountingStore)
+    world.clock.advance(due - world.clock.time())
+    writes, metadata, reads = len(store.writes), len(store.metadata_writes), len(store.reads)
+    outcome = await job.run()
+    assert outcome.action == "refreshed"
+    return (
+        [path for path, _ in store.writes[writes:]],
+        len(store.metadata_writes) - metadata,
+        len(store.reads) - reads,
+        outcome.next_due,
+    )
+
+
+@pytest.mark.parametrize(
+    ("probe", "refresh_tokens", "written"),
+    [
+        (None, True, [STATE, STATE, PUBLISHED]),
+        (None, False, [STATE, PUBLISHED, STATE]),
+        ("/v1/projects", True, [STATE, STATE, PUBLISHED, STATE]),
+        ("/v1/projects", False, [STATE, PUBLISHED, STATE]),
+    ],
+)
+async def test_a_steady_refresh_writes_the_custom_metadata_only_the_first_time(
+    world: World, probe: str | None, refresh_tokens: bool, written: list[str]
+) -> None:
+    """The custom metadata does not change from one refresh to the next: the first publish of
+    a process writes it, later ones do not (one Vault call fewer each), and no refresh reads."""
+    store = counting(world)
+    world.server.issue_refresh = refresh_tokens
+    job = world.refresher(probe=probe)
+    first = await job.run()
+    assert store.metadata_writes == [PUBLISHED]
+    due = first.next_due
+    for _ in range(3):
+        paths, metadata, reads, due = await steady_refresh(world, job, due)
+        assert (paths, metadata, reads) == (written, 0, 0)
+    entry = await store.read(PUBLISHED)
+    assert entry is not None and entry.version == 4
+    assert entry.custom_metadata == {
+        "managed-by": "keyturn",
+        "credential": "reporting",
+        "writer": "i-1",
+    }
+
+
+async def test_the_custom_metadata_is_written_again_when_another_instance_published(
+    world: World,
+) -> None:
+    """`writer` names the instance that published last: after another one did, this one's
+    next publish writes it again."""
+    store = counting(world)
+    first = await world.refresher("i-1", probe=None).run()
+    world.clock.advance(first.next_due - world.clock.time())
+    other = await world.refresher("i-2", probe=None).run()
+    assert other.action == "refreshed"
+    assert store.metadata_writes == [PUBLISHED, PUBLISHED]
+    entry = await store.read(PUBLISHED)
+    assert entry is not None and entry.custom_metadata["writer"] == "i-2"
+    mine = world.refresher("i-1", probe=None)
+    world.clock.advance(other.next_due - world.clock.time())
+    assert (await mine.run()).action == "refreshed"
+    assert store.metadata_writes == [PUBLISHED] * 3
+    entry = await store.read(PUBLISHED)
+    assert entry is not None and entry.custom_metadata["writer"] == "i-1"
+
+
+async def test_a_restart_writes_the_custom_metadata_only_if_it_is_not_in_place(
+    world: World,
+) -> None:
+    """A new process learns what the path holds from the metadata read its first run makes
+    anyway (is the published version still keyturn's?): custom metadata in place is not written
+    again; an older keyturn's (with `expires_at` and `refresh_at`) is replaced once."""
+    store = counting(world)
+    first = await world.refresher(probe=None).run()
+    world.clock.advance(first.next_due - world.clock.time())
+    restarted = world.refresher(probe=None)
+    outcome = await restarted.run()
+    assert outcome.action == "refreshed"
+    assert store.metadata_writes == [PUBLISHED]
+    # An older keyturn wrote the times into the custom metadata too.
+    record = store._records[("secret", PUBLISHED)]
+    record.custom_metadata = {**record.custom_metadata, "expires_at": "x", "refresh_at": "y"}
+    world.clock.advance(outcome.next_due - world.clock.time())
+    upgraded = world.refresher(probe=None)
+    assert (await upgraded.run()).action == "refreshed"
+    assert store.metadata_writes == [PUBLISHED, PUBLISHED]
+    assert record.custom_metadata == {
+        "managed-by": "keyturn",
+        "credential": "reporting",
+        "writer": "i-1",
+    }
+
+
+async def test_a_forced_refresh_writes_the_custom_metadata(world: World) -> None:
+    """Custom metadata changed in place (no new version) is what the watcher finds and answers
+    with a forced refresh: that publish writes the custom metadata back."""
+    store = counting(world)
+    job = world.refresher(probe=None)
+    await job.run()
+    store._records[("secret", PUBLISHED)].custom_metadata = {"managed-by": "someone"}
+    assert (await job.run(force=True)).action == "refreshed"
+    assert store.metadata_writes == [PUBLISHED, PUBLISHED]
+    entry = await store.read(PUBLISHED)
+    assert entry is not None and entry.custom_metadata["managed-by"] == "keyturn"
+
+
+async def test_a_publish_over_someone_elses_version_writes_the_custom_metadata(
+    world: World,
+) -> None:
+    """A check-and-set conflict at the published path: whoever wrote it may have left other
+    custom metadata, and the publish on top of their version puts keyturn's back."""
+    store = counting(world)
+    job = world.refresher(probe=None)
+    first = await job.run()
+    store.external_write(PUBLISHED, {"access_token": "planted"}, custom_metadata={"k": "v"})
+    world.clock.advance(first.next_due - world.clock.time())
+    assert (await job.run(force=True)).action == "refreshed"
+    entry = await store.read(PUBLISHED)
+    assert entry is not None and entry.custom_metadata["managed-by"] == "keyturn"
+    assert store.metadata_writes == [PUBLISHED, PUBLISHED]

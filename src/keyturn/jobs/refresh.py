@@ -13,7 +13,8 @@
      │            kept for the next try (ProbeUnanswered), or, if the token apps read would
      │            expire before that try, published unverified and probed again later
      │            (`ProbeAgain`, the job's `verify` task)
-    publish with CAS (+ custom_metadata) ── conflict: someone else wrote; report, publish anew
+    publish with CAS (+ custom_metadata, when what is there differs) ── conflict: someone
+     │            else wrote; report, publish anew
      │
     record success and the next due time
 
@@ -49,7 +50,7 @@ from keyturn.jobs.steps import (
     publish_with_cas,
     retry_after,
 )
-from keyturn.layout import oauth_published_fields, published_metadata
+from keyturn.layout import custom_metadata, oauth_published_fields
 from keyturn.logs import get_logger
 from keyturn.policy import refresh_due, retry_delay, token_left
 from keyturn.providers.client import GrantType, ProviderClient
@@ -156,6 +157,9 @@ class TokenRefresh:
         self._rng = deps.rng
         self._instance = deps.instance_id
         self._confirmed_version: int | None = None  # published version known to be ours
+        # The custom metadata known to be at publish_to, and the KV version it was seen (read
+        # or written) at: a publish on top of that version writes it only if it differs.
+        self._metadata_at: tuple[int, dict[str, str]] | None = None
         self._unsaved: Unsaved | None = None  # an answer Vault failed to store
         # The in-flight mark of an attempt whose write failed: the refresh token was not sent
         # with it, even if Vault stored the mark (an answer lost, then a retry refused).
@@ -163,6 +167,10 @@ class TokenRefresh:
 
     async def due(self, state: CredentialState, now: float, force: bool) -> float:
         token = state.token
+        if force:
+            # An operator's refresh, or the watcher's republish (which may answer custom
+            # metadata changed in place): the publish writes the custom metadata.
+            self._metadata_at = None
         if force or token.phase == "pending" or token.next_due is None:
             return now
         if token.phase != "ok":
@@ -174,6 +182,9 @@ class TokenRefresh:
         if token.published_version != self._confirmed_version:
             # First look in this process (e.g. after a restart): is what apps read still ours?
             published = await self._store.read_metadata(self.credential.publish_to, consistent=True)
+            if published is not None:
+                seen = (published.current_version, dict(published.custom_metadata))
+                self._metadata_at = seen
             if published is None or published.current_version != token.published_version:
                 return now
             self._confirmed_version = token.published_version
@@ -751,18 +762,24 @@ class TokenRefresh:
         refresh_at: float,
         state: CredentialState,
     ) -> int:
-        return await publish_with_cas(
+        """Publish the token; the custom metadata only when the path does not hold it already
+        (as this process wrote or read it there at the version this publish goes on top of)."""
+        metadata = custom_metadata(self.credential.name, self._instance)
+        last = state.token.published_version
+        known, self._metadata_at = self._metadata_at, None  # unknown if the publish fails
+        version = await publish_with_cas(
             self._store,
             self._observer,
             path=self.credential.publish_to,
             data=oauth_published_fields(access_token, issued_at, expires_at, refresh_at),
-            metadata=published_metadata(
-                self.credential.name, expires_at, self._instance, refresh_at=refresh_at
-            ),
-            last_version=state.token.published_version,
+            metadata=metadata,
+            last_version=last,
             credential=self.credential.name,
             provider=self.credential.provider,
+            metadata_in_place=last is not None and known == (last, metadata),
         )
+        self._metadata_at = (version, metadata)
+        return version
 
 
 class ProbeAgain:

@@ -35,16 +35,25 @@ async def publish_with_cas(
     credential: str,
     provider: str,
     report: bool = True,
+    metadata_in_place: bool = False,
 ) -> int:
-    """Write what apps read, on top of the version keyturn last wrote.
+    """Write what apps read, on top of the version keyturn last wrote, and `metadata` as the
+    path's custom metadata (a second Vault call) unless `metadata_in_place`: the caller knows
+    the path holds it already (it wrote or read it there at `last_version`).
 
     A CAS conflict means someone else wrote the path: it is reported, and keyturn publishes
-    anew on top of the current version so apps get a working credential again. (A crash
-    between publishing and recording it looks the same, and is reported too: KV metadata cannot
-    prove who wrote a version.)
+    anew on top of the current version so apps get a working credential again, with its custom
+    metadata unless the metadata just read shows it in place. (A crash between publishing and
+    recording it looks the same, and is reported too: KV metadata cannot prove who wrote a
+    version.)
     """
     try:
-        return await store.write(path, data, cas=last_version or 0, custom_metadata=metadata)
+        return await store.write(
+            path,
+            data,
+            cas=last_version or 0,
+            custom_metadata=None if metadata_in_place else metadata,
+        )
     except VaultCasConflict:
         current = await store.read_metadata(path, consistent=True)
         seen = current.current_version if current else 0
@@ -58,7 +67,10 @@ async def publish_with_cas(
                     f"published path was at version {seen}, keyturn last wrote {last_version}",
                 )
             )
-        return await store.write(path, data, cas=seen, custom_metadata=metadata)
+        in_place = current is not None and dict(current.custom_metadata) == metadata
+        return await store.write(
+            path, data, cas=seen, custom_metadata=None if in_place else metadata
+        )
 
 
 async def verify_with_probe(

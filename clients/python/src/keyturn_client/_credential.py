@@ -352,8 +352,6 @@ class Credential:
         version = metadata.get("version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise _BadRecord("Vault's answer has no version")
-        custom = metadata.get("custom_metadata")
-        custom = custom if isinstance(custom, Mapping) else {}
         authorization = _text(data, "authorization")
         if "access_token" in data:
             value = _text(data, "access_token")
@@ -362,9 +360,8 @@ class Credential:
         else:
             raise _BadRecord("the record has neither access_token nor api_key")
         expires_at = _time(data, "expires_at")
+        # The times are in the data; keyturn's KV custom metadata holds none (since 0.2.0).
         refresh_at = _time(data, "refresh_at")
-        if refresh_at is None:
-            refresh_at = _time(custom, "refresh_at")
         if refresh_at is not None:
             stale_at = refresh_at
         elif expires_at is not None:
