@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 from pathlib import Path
-from typing import get_args
+from typing import Union, get_args
 
 import pytest
 
@@ -15,9 +15,11 @@ from keyturn.config import (
     AppRoleAuth,
     AuthMethod,
     CredentialConfig,
+    CredentialKind,
     DaemonSettings,
     KubernetesAuth,
     MetricsSettings,
+    OAuthClientCredential,
     ProviderConfig,
     RotatorConfig,
     RotatorType,
@@ -27,6 +29,7 @@ from keyturn.config import (
     load_config,
     parse_config,
 )
+from keyturn.config.credentials import KINDS
 from keyturn.config.keys import tag_of
 from keyturn.config.schema import AlertHookVariant
 from keyturn.errors import ConfigError
@@ -107,7 +110,7 @@ def test_the_contract_example_loads_as_written(tmp_path: Path) -> None:
         client_auth="body",
     )
     [credential] = config.credentials
-    assert credential == CredentialConfig(
+    assert credential == OAuthClientCredential(
         name="reporting",
         provider="acme",
         kind="oauth_client",
@@ -614,6 +617,7 @@ def test_objects_the_code_makes_are_taken_as_they_are() -> None:
 def test_each_literal_is_the_tags_of_its_union() -> None:
     unions = [(AuthMethod, VaultAuth, "method"), (RotatorType, RotatorConfig, "type")]
     unions.append((AlertHookType, AlertHookVariant, "type"))
+    unions.append((CredentialKind, Union[KINDS], "kind"))  # noqa: UP007
     for literal, union, discriminator in unions:
         tags = tuple(tag_of(member, discriminator) for member in get_args(union))
         assert tags == get_args(literal)

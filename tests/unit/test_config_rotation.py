@@ -16,7 +16,7 @@ import pytest
 
 from keyturn.config import load_config, parse_config
 from keyturn.config.schema import (
-    CredentialConfig,
+    ApiKeyCredential,
     ExecRotatorConfig,
     HttpCall,
     HttpFind,
@@ -129,7 +129,7 @@ def test_the_docs_worked_example_for_the_sandbox_loads_as_written() -> None:
         "sandbox-client-secrets": SANDBOX_SECRETS,
     }
     key, client = config.credentials
-    assert key == CredentialConfig(
+    assert key == ApiKeyCredential(
         name="reporting-key",
         provider="sandbox",
         kind="api_key",

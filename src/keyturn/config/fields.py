@@ -14,19 +14,36 @@ typo such as `"100000000000d"` or `1e308` is refused at load rather than overflo
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import ipaddress
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from types import MappingProxyType
+from typing import Any, ClassVar, Self, get_args, get_origin
 from urllib.parse import urlsplit
 
-from pydantic import GetCoreSchemaHandler, ValidationInfo
-from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic import dataclasses as pydantic_dataclasses
+from pydantic.fields import FieldInfo
+from pydantic_core import (
+    CoreSchema,
+    InitErrorDetails,
+    PydanticCustomError,
+    PydanticKnownError,
+    core_schema,
+)
 
 from keyturn.config.durations import DURATION_HELP, format_duration, parse_duration
 from keyturn.config.templates import body_problem, placeholders, pointer_tokens, stray_brace
@@ -831,3 +848,132 @@ RUNBOOK = Check(
     "without ?query or #fragment",
     _runbook,
 )
+
+
+def listed(value: object, from_env: bool, expected: str) -> list[object]:
+    """A non-empty array, or in the environment a JSON array or "a,b"."""
+    if from_env and isinstance(value, str):
+        stripped = value.strip()
+        if stripped.startswith("["):
+            try:
+                value = json.loads(stripped)
+            except ValueError:
+                raise Invalid(f"got {describe(value)}; expected {expected}") from None
+        else:
+            value = [part.strip() for part in stripped.split(",") if part.strip()]
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"got {describe(value)}; expected {expected}")
+    return value
+
+
+# -- tables -------------------------------------------------------------------------------
+
+TABLE = ConfigDict(extra="forbid")
+Where = str | tuple[str | int, ...]  # a key of a table, or a key path below it
+
+
+def _problem(where: Where, message: str) -> InitErrorDetails:
+    loc = (where,) if isinstance(where, str) else where
+    return InitErrorDetails(type=problem(message), loc=loc, input=None)
+
+
+def report(found: list[tuple[Where, str]]) -> ValidationError:
+    """Problems in one table, as pydantic's error (one line each)."""
+    return ValidationError.from_exception_data("keyturn", [_problem(*p) for p in found])
+
+
+def fields_of(model: type) -> dict[str, FieldInfo]:
+    """A schema model's fields (pydantic's), in order."""
+    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
+    return fields
+
+
+def described(text: str) -> Any:
+    """What a table key expects, as problem lines say it ("got 5; expected <text>")."""
+    return Field(description=text)
+
+
+@pydantic_dataclasses.dataclass(frozen=True, slots=True, config=TABLE)
+class Table:
+    """A TOML table. Its keys' types check what a file says, and `problems` (rules across
+    keys, run once each key is valid) what a whole table says; neither judges the objects the
+    code makes itself (no `LoadContext`). `NAMED_IN_PROBLEMS`: an unknown key is reported
+    "for <the table's key>"."""
+
+    NAMED_IN_PROBLEMS: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _across_keys(self, info: ValidationInfo) -> Self:
+        context = context_of(info)
+        found = [] if context is None else list(self.problems(context))
+        if found:
+            raise report(found)
+        return self
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        return iter(())
+
+
+class Via:
+    """The file holds `table` (a model with `build()`) where the code reads another object
+    (the annotated type); an object of that type made by the code is taken as it is."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def validate(value: Any, table: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            return value if isinstance(value, source) else table(value).build()
+
+        schema = handler.generate_schema(self.table)
+        return core_schema.no_info_wrap_validator_function(validate, schema)
+
+
+class Entries:
+    """An array of named tables (`[[providers]]`): a read-only mapping by name, or a tuple."""
+
+    def __init__(self, singular: str) -> None:
+        self.singular = singular
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        keyed = get_origin(source) is Mapping
+        items = core_schema.list_schema(handler.generate_schema(get_args(source)[int(keyed)]))
+
+        def collect(values: list[Any]) -> Any:
+            return MappingProxyType({v.name: v for v in values}) if keyed else tuple(values)
+
+        return core_schema.no_info_after_validator_function(collect, items)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unique:
+    """A key whose value no other table of its kind in the file may have."""
+
+    expected: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NotAKey:
+    """A key of the base table that a variant does not take (it keeps its default): a file
+    that sets it gets "unknown key", or `why` it is refused, and listings leave it out."""
+
+    why: str | None = None
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        def refuse(value: Any, info: ValidationInfo) -> Any:
+            if context_of(info) is not None:
+                raise problem(self.why) if self.why else PydanticKnownError(
+                    "unexpected_keyword_argument"
+                )
+            return value
+
+        return core_schema.with_info_plain_validator_function(refuse)
+
+
+NOT_A_KEY = NotAKey()

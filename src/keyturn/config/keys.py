@@ -16,16 +16,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from keyturn.config.fields import Check
-from keyturn.config.schema import (
-    CREDENTIAL_KINDS,
-    Config,
-    Entries,
-    ForKind,
-    NotAKey,
-    Via,
-    fields_of,
-)
+from keyturn.config.fields import Check, Entries, NotAKey, Via, fields_of
+from keyturn.config.schema import Config
 
 
 @dataclass(frozen=True)
@@ -43,33 +35,16 @@ class Node:
 
 
 @functools.cache
-def keys(model: type) -> Mapping[str, FieldInfo]:
-    """A table's keys (a field's alias or name) in the schema's order."""
-    return MappingProxyType(
-        {
-            info.alias or name: info
-            for name, info in fields_of(model).items()
-            if info.init is not False and not any(isinstance(m, NotAKey) for m in info.metadata)
-        }
-    )
-
-
-def keys_for(model: type, table: object) -> Mapping[str, FieldInfo]:
-    """The keys a table of `model` takes, given its data: a credential's depend on its kind."""
-    kind = table.get("kind") if isinstance(table, dict) else None
-    return _keys_of_kind(model, kind if kind in CREDENTIAL_KINDS else None)
-
-
-@functools.cache
-def _keys_of_kind(model: type, kind: str | None) -> Mapping[str, FieldInfo]:
-    return MappingProxyType(
-        {
-            key: info
-            for key, info in keys(model).items()
-            if kind is None
-            or not any(isinstance(m, ForKind) and m.only not in (None, kind) for m in info.metadata)
-        }
-    )
+def keys(model: type, *, refused: bool = False) -> Mapping[str, FieldInfo]:
+    """A table's keys (a field's alias or name) in the schema's order; with `refused`, the
+    keys of another variant it refuses by name instead (a credential's of the other kind)."""
+    found = {}
+    for name, info in fields_of(model).items():
+        marker = next((m for m in info.metadata if isinstance(m, NotAKey)), None)
+        wanted = bool(marker and marker.why) if refused else marker is None
+        if info.init is not False and wanted:
+            found[info.alias or name] = info
+    return MappingProxyType(found)
 
 
 def tag_of(member: type, discriminator: str) -> str:

@@ -26,6 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from keyturn.config.credentials import KV_PATH
 from keyturn.config.fields import (
     ENTRY_NAME,
     NAME,
@@ -33,11 +34,12 @@ from keyturn.config.fields import (
     Check,
     Invalid,
     LoadContext,
+    Unique,
     describe,
 )
-from keyturn.config.keys import Spot, field_node, keys, keys_for, locate, walk
+from keyturn.config.keys import Spot, field_node, keys, locate, walk
 from keyturn.config.overrides import Loc, Overrides
-from keyturn.config.schema import KV_PATH, Config, DaemonSettings, RotatorType, Unique
+from keyturn.config.schema import Config, DaemonSettings, RotatorType
 from keyturn.config.templates import placeholders
 from keyturn.errors import ConfigError
 
@@ -283,7 +285,7 @@ class Document:
 
     def _unknown_key(self, spot: Spot) -> str:
         assert spot.owner is not None
-        known = list(keys_for(spot.owner, self._raw(spot.loc[:-1])))
+        known = list(keys(spot.owner))
         context = ""
         if spot.tag is not None:
             context = f' for {spot.tag[0]} "{spot.tag[1]}"'

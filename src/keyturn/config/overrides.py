@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from keyturn.config.fields import EnvText
-from keyturn.config.keys import Node, field_node, keys, keys_for
+from keyturn.config.keys import Node, field_node, keys
 from keyturn.config.schema import Config
 
 ENV_PREFIX = "KEYTURN"
@@ -118,13 +118,14 @@ class Overrides:
         for key, info in keys(model).items():
             if key == here.discriminator or (entry and key == "name"):
                 continue
-            taken = keys_for(model, table)  # (again: a credential's `kind` may just have been set)
             sub = field_node(info)
-            if (sub.model is not None or sub.members) and key in taken:
+            if sub.model is not None or sub.members:
                 defaulted = info.default_factory is not None  # such as `refresh`
                 self._sub_table(table, key, defaulted, sub, prefix, loc)
             elif sub.check is not None:  # (not an array of tables: sinks have no names)
-                self._scalar(table, key, prefix, loc, known=key in taken)
+                self._scalar(table, key, prefix, loc)
+        for key in keys(model, refused=True):  # set, to be refused by name; never suggested
+            self._scalar(table, key, prefix, loc, known=False)
 
     def _sub_table(
         self, table: dict[str, Any], key: str, defaulted: bool, here: Node, prefix: str, loc: Loc

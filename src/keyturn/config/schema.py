@@ -3,8 +3,9 @@
 These models are the single source of truth for the file's keys (a field's name, or its
 `alias`), their types and ranges (`Annotated[T, <a check from keyturn.config.fields>]`), their
 defaults and their `Literal`s. `keyturn.config.load` validates the file against `Config`:
-unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]` and `[[alerts]]`
-are discriminated unions on `method` / `type`, each variant with its own keys. Where the
+unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]`,
+`[[credentials]]` (`keyturn.config.credentials`) and `[[alerts]]` are discriminated unions on
+`method` / `type` / `kind`, each variant with its own keys. Where the
 file's shape differs from the object the code reads, `Via(<table>)` validates the table and
 `build()`s the object: `[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's
 policies), `create`/`revoke` (HttpCall), an alert hook (AlertHookConfig). Durations are float
@@ -14,7 +15,8 @@ seconds; secret inputs are `SecretRef`s, never values.
               AppRoleAuth | KubernetesAuth), metrics: MetricsSettings,
               providers: {name: ProviderConfig}, rotators: {name: HttpRotatorConfig (create,
               revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
-              credentials: (CredentialConfig (refresh, backoff, rotation: RotationPolicy,
+              credentials: (CredentialConfig: OAuthClientCredential | ApiKeyCredential
+                            (refresh, backoff, rotation: RotationPolicy,
               sinks: (SinkConfig (on_publish: HookConfig), ...)), ...),
               alerts: (AlertHookConfig, ...), usage: UsageSettings | None
 """
@@ -22,36 +24,38 @@ seconds; secret inputs are `SecretRef`s, never values.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import ipaddress
-import json
 import re
 import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args, get_origin
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
-from pydantic import (
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    ValidationError,
-    ValidationInfo,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, model_validator
 from pydantic.dataclasses import dataclass
-from pydantic.fields import FieldInfo
-from pydantic_core import (
-    CoreSchema,
-    ErrorDetails,
-    InitErrorDetails,
-    PydanticKnownError,
-    core_schema,
-)
 
 from keyturn.alerts.model import DETECTORS
+from keyturn.config.credentials import (
+    DEFAULT_MAX_GRACE,
+    KV_PATH,
+    LIFETIME,
+    MARGIN,
+    PROVIDER,
+    TIMEOUT,
+    AnyCredential,
+    ApiKeyCredential,
+    BackoffTable,
+    CredentialConfig,
+    CredentialKind,
+    HookConfig,
+    OAuthClientCredential,
+    RefreshTable,
+    RotationPolicy,
+    SinkConfig,
+    SinkFormat,
+)
 from keyturn.config.fields import (
     BOOLEAN,
     DAY,
@@ -61,163 +65,78 @@ from keyturn.config.fields import (
     HTTP_PATH,
     LISTEN,
     LOOPBACK_HOSTS,
-    MAX_TIMEOUT,
-    MODE,
     NAME,
+    NOT_A_KEY,
     ONE_OF,
-    OUTSIDE_STATE_PREFIX,
-    REFERENCE_OR_INLINE,
     RUNBOOK,
-    SINK_PATH,
     STATUSES,
+    TABLE,
     URL,
     URLS,
     Check,
+    Entries,
     Invalid,
     LoadContext,
     Names,
+    Table,
+    Via,
+    Where,
     body_template,
     command,
     context_of,
     describe,
+    described,
     duration,
     integer,
     is_loopback,
     json_pointer,
     kv_path,
+    listed,
     number,
     path_template,
-    problem,
-    refers_to,
+    report,
     secret_reference,
     text,
     url_or_reference,
 )
 from keyturn.config.templates import REQUEST_PLACEHOLDERS, REVOKE_PLACEHOLDERS, placeholders
 from keyturn.config.webconfig import WebConfig, load_web_config, read_web_config
-from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
+
+__all__ = [  # the [[credentials]] models, where the code has always imported them from
+    "DEFAULT_MAX_GRACE",
+    "ApiKeyCredential",
+    "BackoffTable",
+    "CredentialConfig",
+    "CredentialKind",
+    "HookConfig",
+    "OAuthClientCredential",
+    "RefreshTable",
+    "RotationPolicy",
+    "SinkConfig",
+    "SinkFormat",
+]
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 ExternalChangeResponse = Literal["republish", "alert"]
 TokenRequest = Literal["json", "form"]
 ClientAuth = Literal["body", "basic"]
-CredentialKind = Literal["oauth_client", "api_key"]
-CREDENTIAL_KINDS = frozenset(get_args(CredentialKind))
 RotatorType = Literal["http", "exec", "manual"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
 AlertHookType = Literal["webhook", "slack", "pagerduty", "alertmanager"]
 AlertSeverity = Literal["info", "warning", "critical"]
-SinkFormat = Literal["raw", "json", "env"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 OK_STATUS = (200, 201, 202, 204)
-# How long after a new key is published its predecessor lives at most while keyturn waits for
-# consumers to move, unless `max_grace` says otherwise.
-DEFAULT_MAX_GRACE = DAY
 
 # Key types of several tables. Ranges (docs/configuration.md lists them): time-outs up to an
 # hour, other durations up to a year unless said otherwise, counts one process can use.
-TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
-MARGIN = duration()
-LIFETIME = duration(positive=True)
 CONCURRENCY = integer(1, 10_000)
-KV_PATH = kv_path(
-    'a path relative to the mount, e.g. "apps/reporting/acme": segments of letters, digits '
-    'and _ . @ + = - joined by single "/", no "." or ".."'
-)
 MOUNT = kv_path('a mount path, e.g. "secret" (no leading or trailing "/")')
-PROVIDER = refers_to("providers", "provider")
 RATE = "greater than zero, at most 10000"
-FRACTION = number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1)
-JITTER = number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5)
-WAIT = duration(positive=True, maximum=DAY)
-MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
-AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
 # (a field called `command` hides the function in its class)
 EXEC_COMMAND = command('["/usr/local/bin/rotate-key", "--vendor", "acme"]')
-HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
-
-TABLE = ConfigDict(extra="forbid")
-Where = str | tuple[str | int, ...]  # a key of a table, or a key path below it
-
-
-def _problem(where: Where, message: str) -> InitErrorDetails:
-    loc = (where,) if isinstance(where, str) else where
-    return InitErrorDetails(type=problem(message), loc=loc, input=None)
-
-
-def report(found: list[tuple[Where, str]]) -> ValidationError:
-    """Problems in one table, as pydantic's error (one line each)."""
-    return ValidationError.from_exception_data("keyturn", [_problem(*p) for p in found])
-
-
-def fields_of(model: type) -> dict[str, FieldInfo]:
-    """A schema model's fields (pydantic's), in order."""
-    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
-    return fields
-
-
-def described(text: str) -> Any:
-    """What a table key expects, as problem lines say it ("got 5; expected <text>")."""
-    return Field(description=text)
-
-
-@dataclass(frozen=True, slots=True, config=TABLE)
-class Table:
-    """A TOML table. Its keys' types check what a file says, and `problems` (rules across
-    keys, run once each key is valid) what a whole table says; neither judges the objects the
-    code makes itself (no `LoadContext`). `NAMED_IN_PROBLEMS`: an unknown key is reported
-    "for <the table's key>"."""
-
-    NAMED_IN_PROBLEMS: ClassVar[bool] = False
-
-    @model_validator(mode="after")
-    def _across_keys(self, info: ValidationInfo) -> Self:
-        context = context_of(info)
-        found = [] if context is None else list(self.problems(context))
-        if found:
-            raise report(found)
-        return self
-
-    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        return iter(())
-
-
-class Via:
-    """The file holds `table` (a model with `build()`) where the code reads another object
-    (the annotated type); an object of that type made by the code is taken as it is."""
-
-    def __init__(self, table: Any) -> None:
-        self.table = table
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        def validate(value: Any, table: core_schema.ValidatorFunctionWrapHandler) -> Any:
-            return value if isinstance(value, source) else table(value).build()
-
-        schema = handler.generate_schema(self.table)
-        return core_schema.no_info_wrap_validator_function(validate, schema)
-
-
-class Entries:
-    """An array of named tables (`[[providers]]`): a read-only mapping by name, or a tuple."""
-
-    def __init__(self, singular: str) -> None:
-        self.singular = singular
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        keyed = get_origin(source) is Mapping
-        items = core_schema.list_schema(handler.generate_schema(get_args(source)[int(keyed)]))
-
-        def collect(values: list[Any]) -> Any:
-            return MappingProxyType({v.name: v for v in values}) if keyed else tuple(values)
-
-        return core_schema.no_info_after_validator_function(collect, items)
 
 
 def transport(
@@ -556,45 +475,6 @@ MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _listing(value: object, from_env: bool, expected: str) -> list[object]:
-    """A non-empty array, or in the environment a JSON array or "a,b"."""
-    if from_env and isinstance(value, str):
-        stripped = value.strip()
-        if stripped.startswith("["):
-            try:
-                value = json.loads(stripped)
-            except ValueError:
-                raise Invalid(f"got {describe(value)}; expected {expected}") from None
-        else:
-            value = [part.strip() for part in stripped.split(",") if part.strip()]
-    if not isinstance(value, list) or not value:
-        raise Invalid(f"got {describe(value)}; expected {expected}")
-    return value
-
-
-_CONSUMERS_EXPECTED = (
-    "a non-empty array of consumer names, fnmatch patterns or entity ids, e.g. "
-    '["approle/reporting", "kubernetes-prod-*"] (each at most 128 characters; in the '
-    'environment a JSON array or "a,b")'
-)
-
-
-def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
-    names = []
-    for item in _listing(value, from_env, _CONSUMERS_EXPECTED):
-        if (
-            not isinstance(item, str)
-            or not item.strip()
-            or len(item) > MAX_CONSUMER_NAME
-            or _CONTROL_CHARACTER.search(item)
-        ):
-            raise Invalid(f"got {describe(item)} in the array; expected {_CONSUMERS_EXPECTED}")
-        names.append(item)
-    return tuple(dict.fromkeys(names))
-
-
-CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers)
-
 _NETWORKS_EXPECTED = (
     'a non-empty array of networks, e.g. ["127.0.0.0/8", "10.0.4.0/24", "::1/128"] (in the '
     'environment a JSON array or "a,b")'
@@ -603,7 +483,7 @@ _NETWORKS_EXPECTED = (
 
 def _networks(value: object, from_env: bool) -> tuple[str, ...]:
     networks = []
-    for item in _listing(value, from_env, _NETWORKS_EXPECTED):
+    for item in listed(value, from_env, _NETWORKS_EXPECTED):
         try:
             network = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
         except ValueError:
@@ -690,328 +570,6 @@ class UsageSettings(Table):
             yield "consumer_labels", message
 
 
-# -- [[credentials]] ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class RotationPolicy(Table):
-    """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
-    `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
-    is published. verify_attempts: failed verifications of one new key before another.
-    wait_for_consumers (api_key, with `[usage]`): after `grace`, the old key is revoked only
-    once no consumer that read it within `consumer_window` still reads it, and at the latest
-    `max_grace` after the new one was published (None: `DEFAULT_MAX_GRACE`, at least
-    `grace`; see `longest_grace`)."""
-
-    # A key may live up to ten years; the old one stays valid for at most a year after.
-    max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
-    grace: Annotated[float, MARGIN] = 3600.0
-    rotator: Annotated[str, NAME, refers_to("rotators", "rotator")]
-    verify_attempts: Annotated[int, integer(1, 100)] = 5
-    wait_for_consumers: Annotated[bool, BOOLEAN] = False
-    consumer_window: Annotated[float, duration(positive=True)] = DAY
-    max_grace: Annotated[float | None, MARGIN] = None
-
-    def longest_grace(self) -> float:
-        """How long after the new key is published the old one is revoked at the latest when
-        waiting for consumers: `max_grace`, or by default a day (never less than `grace`)."""
-        return self.max_grace if self.max_grace is not None else max(self.grace, DEFAULT_MAX_GRACE)
-
-    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        if self.grace >= self.max_age:
-            message = (
-                f"is not shorter than max_age ({self.max_age:g}s); expected a grace shorter "
-                "than max_age, so that at most two keys are live at once"
-            )
-            yield "grace", message
-        if self.max_grace is not None and self.max_grace < self.grace:
-            message = (
-                f"is shorter than grace ({self.grace:g}s); expected max_grace >= grace (the "
-                "old key is never revoked before grace has passed)"
-            )
-            yield "max_grace", message
-        longest = self.longest_grace()
-        if self.wait_for_consumers and longest >= self.max_age > self.grace:
-            if self.max_grace is None:
-                message = (
-                    f"waits up to max_grace's default ({longest:g}s), which is not shorter than "
-                    f"max_age ({self.max_age:g}s); expected a max_grace shorter than max_age"
-                )
-                yield "wait_for_consumers", message
-            else:
-                message = (
-                    f"is not shorter than max_age ({self.max_age:g}s); expected a max_grace "
-                    "shorter than max_age, so that at most two keys are live at once"
-                )
-                yield "max_grace", message
-
-
-def _present(table: Any) -> dict[str, Any]:
-    """The keys a table sets; one it leaves out takes the built object's default."""
-    values = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
-    return {name: value for name, value in values.items() if value is not None}
-
-
-@dataclass(frozen=True, slots=True, config=TABLE)
-class RefreshTable(Table):
-    """`refresh`: a keyturn.policy.RefreshPolicy."""
-
-    at: Annotated[float | None, FRACTION] = None
-    jitter: Annotated[float | None, JITTER] = None
-    margin: Annotated[float | None, MARGIN] = None
-    min_interval: Annotated[float | None, LIFETIME] = None
-
-    def build(self) -> RefreshPolicy:
-        return RefreshPolicy(**_present(self))
-
-    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        policy = self.build()
-        low, high = policy.at - policy.jitter, policy.at + policy.jitter
-        if low <= 0 or high >= 1:
-            message = (
-                f"at ± jitter spans {low:.2f} to {high:.2f} of the lifetime; "
-                "expected both ends strictly between 0 and 1"
-            )
-            yield "jitter", message
-
-
-@dataclass(frozen=True, slots=True, config=TABLE)
-class BackoffTable(Table):
-    """`backoff`: a keyturn.policy.BackoffPolicy (`max` is its `maximum`)."""
-
-    initial: Annotated[float | None, WAIT] = None
-    maximum: Annotated[float | None, WAIT] = Field(default=None, alias="max")
-    multiplier: Annotated[float | None, MULTIPLIER] = None
-    after_expiry: Annotated[float | None, AFTER_EXPIRY] = None
-
-    def build(self) -> BackoffPolicy:
-        return BackoffPolicy(**_present(self))
-
-    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        policy = self.build()
-        if policy.maximum < policy.initial:
-            yield "max", f"is shorter than initial; expected max >= initial ({policy.initial:g}s)"
-
-
-@dataclasses.dataclass(frozen=True)
-class Unique:
-    """A key whose value no other table of its kind in the file may have."""
-
-    expected: str
-
-
-@dataclass(frozen=True, slots=True, config=TABLE)
-class HookConfig(Table):
-    """A sink's `on_publish`: a command (argv, no shell; not run at load) run after each write
-    of the sink's file, told what was written as JSON on its stdin."""
-
-    NAMED_IN_PROBLEMS = True
-    command: Annotated[tuple[str, ...], HOOK_COMMAND]
-    timeout: Annotated[float, TIMEOUT] = 10.0
-
-
-@dataclass(frozen=True, slots=True, config=TABLE)
-class SinkConfig(Table):
-    """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
-    (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
-    value), "json" (the published fields, `credential`, `version`), "env" (`<env_prefix>
-    <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
-
-    path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
-    format: Annotated[SinkFormat, ONE_OF]
-    mode: Annotated[int, MODE] = 0o600
-    env_prefix: Annotated[
-        str,
-        text(
-            'a prefix of letters, digits and "_", not starting with a digit (at most 64 '
-            'characters), e.g. "REPORTING_"',
-            re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}"),
-        ),
-    ] = "KEYTURN_"
-    on_publish: Annotated[
-        HookConfig | None,
-        described(
-            'a table, e.g. on_publish = { command = ["/usr/bin/systemctl", "try-restart", '
-            '"app"], timeout = "10s" }'
-        ),
-    ] = None
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _env_prefix_only_for_env(
-        cls, data: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> Any:
-        sink = handler(data)
-        given = context_of(info) and isinstance(data, dict) and "env_prefix" in data
-        if given and sink.format != "env":
-            message = f'is set for format "{sink.format}", which has no variables; expected '
-            raise report([("env_prefix", message + 'env_prefix only with format = "env"')])
-        return sink
-
-
-@dataclasses.dataclass(frozen=True)
-class ForKind:
-    """A credential key that only one kind takes (`only`), or that one kind needs."""
-
-    only: CredentialKind | None = None
-    required: CredentialKind | None = None
-
-
-OAUTH = ForKind(only="oauth_client")
-_NOT_FOR = {
-    "api_key": ", which has no OAuth client and no token to refresh",
-    "oauth_client": " (its secret is client_secret)",
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
-class CredentialConfig(Table):
-    """`[[credentials]]`: one credential keyturn keeps fresh; its keys depend on its `kind`
-    (`ForKind`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
-    client_secret; `rotation` rotates the client secret; `refresh_token` seeds keyturn's
-    state once. "api_key": no client_id or client_secret; `probe` and `rotation` are set;
-    `initial_key` and `initial_key_id` adopt an existing key. publish_to: the KV path apps
-    read. probe: a path on the provider called with each new token or key before it is
-    published. sinks: files on keyturn's host kept equal to what is published."""
-
-    name: Annotated[str, ENTRY_NAME]
-    provider: Annotated[str, NAME, PROVIDER]
-    kind: Annotated[CredentialKind, ONE_OF] = "oauth_client"  # a file must say it
-    client_id: Annotated[
-        SecretRef | None, REFERENCE_OR_INLINE, ForKind("oauth_client", "oauth_client")
-    ] = None
-    client_secret: Annotated[
-        SecretRef | None,
-        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
-        ForKind("oauth_client", "oauth_client"),
-    ] = None
-    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"'), OAUTH] = None
-    refresh_token: Annotated[
-        SecretRef | None,
-        secret_reference('refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'),
-        OAUTH,
-    ] = None
-    publish_to: Annotated[
-        str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
-    ]
-    probe: Annotated[str | None, HTTP_PATH, ForKind(required="api_key")] = None
-    refresh: Annotated[
-        RefreshPolicy, Via(RefreshTable), OAUTH, described("a table ([credentials.refresh])")
-    ] = dataclasses.field(default_factory=RefreshPolicy)
-    backoff: Annotated[
-        BackoffPolicy, Via(BackoffTable), described("a table ([credentials.backoff])")
-    ] = dataclasses.field(default_factory=BackoffPolicy)
-    rotation: Annotated[
-        RotationPolicy | None,
-        ForKind(required="api_key"),
-        described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
-    ] = None
-    initial_key: Annotated[
-        SecretRef | None,
-        secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"'),
-        ForKind(only="api_key"),
-    ] = None
-    initial_key_id: Annotated[
-        str | None, text('the provider\'s id of initial_key, e.g. "key_0123"'), ForKind("api_key")
-    ] = None
-    sinks: Annotated[
-        tuple[SinkConfig, ...],
-        described(
-            "an array of tables, e.g. [[credentials.sinks]] or sinks = [{ path = "
-            '"/run/keyturn/app.env", format = "env" }]'
-        ),
-    ] = ()
-    consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _kind_rules(
-        cls, data: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> Any:
-        """A file names the kind; a key of the other kind is refused, and one this kind needs
-        is required. Every problem of the entry is reported, in the order of its keys."""
-        context = context_of(info)
-        if context is None or not isinstance(data, dict):
-            return handler(data)
-        kind, found, refused = data.get("kind"), list[InitErrorDetails](), set[str]()
-        if kind is None:
-            found.append(InitErrorDetails(type="missing", loc=("kind",), input=data))
-        fields, rules = _kind_rules_of_credentials()
-        for key, rule in rules if kind in CREDENTIAL_KINDS else []:
-            if rule.only not in (None, kind) and key in data:
-                why = f'not allowed for kind "{kind}"{_NOT_FOR[str(kind)]}'
-                found.append(_problem(key, f'{why}; expected it only with kind = "{rule.only}"'))
-                refused.add(key)
-            elif rule.required == kind and key not in data:
-                found.append(InitErrorDetails(type="missing", loc=(key,), input=data))
-        try:
-            credential = handler({k: v for k, v in data.items() if k not in refused})
-        except ValidationError as exc:
-            found += [_again(e) for e in exc.errors()]
-        else:
-            found += [_problem(*p) for p in credential.across(context)] if kind else []
-        if not found:
-            return credential
-        # In the order of the keys; those of the other kind together, where that kind's begin.
-        order = {key: i for i, key in enumerate(fields)}
-        begins = {rule.only: order[key] for key, rule in reversed(rules)}
-        order |= {key: begins[rule.only] for key, rule in rules if key in refused}
-        found.sort(key=lambda e: order.get(str(e["loc"][0]), len(order)) if e["loc"] else -1)
-        raise ValidationError.from_exception_data("keyturn", found)
-
-    def across(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        """Rules across keys (once the kind is known: a default kind judges nothing)."""
-        if self.initial_key_id is not None and self.initial_key is None:
-            message = (
-                "is set without initial_key; expected initial_key (a reference to the key "
-                "whose id this is) as well"
-            )
-            yield "initial_key_id", message
-        waits = self.rotation is not None and self.rotation.wait_for_consumers
-        if waits and self.kind == "oauth_client":
-            message = (
-                "is true for an oauth_client, whose client secret is never published, so no "
-                "consumer reads it; expected wait_for_consumers only for an api_key"
-            )
-            yield ("rotation", "wait_for_consumers"), message
-        if self.rotation is None or context.rotators is None:
-            return
-        name = self.rotation.rotator
-        rotator_type, needs_client_id = context.rotators.get(name, (None, False))
-        if self.kind == "oauth_client" and rotator_type == "manual":
-            message = (
-                f'"{name}" is a manual rotator, which cannot rotate an oauth_client\'s secret; '
-                'expected an "http" or "exec" rotator'
-            )
-            yield ("rotation", "rotator"), message
-        if self.kind == "api_key" and needs_client_id:
-            message = (
-                f'"{name}" uses {{client_id}}, which an api_key credential does not have; '
-                "expected a rotator whose templates do not use {client_id}"
-            )
-            yield ("rotation", "rotator"), message
-
-
-@functools.cache
-def _kind_rules_of_credentials() -> tuple[dict[str, FieldInfo], list[tuple[str, ForKind]]]:
-    """A credential's fields and the `ForKind` rule of each key that has one (made once:
-    `_kind_rules` runs for every credential)."""
-    # (not `cls`: with slots=True, that is the class before dataclass() replaced it)
-    fields = fields_of(CredentialConfig)
-    rules = [(k, m) for k, i in fields.items() for m in i.metadata if isinstance(m, ForKind)]
-    return fields, rules
-
-
-def _again(error: ErrorDetails) -> InitErrorDetails:
-    """One of pydantic's errors, to be raised again with others."""
-    if error["type"] == "keyturn":
-        return _problem(error["loc"], str(error["msg"]))
-    again = InitErrorDetails(type=error["type"], loc=error["loc"], input=error["input"])
-    if "ctx" in error:
-        again["ctx"] = error["ctx"]
-    return again
-
-
 # -- [[alerts]] -----------------------------------------------------------------------------
 
 
@@ -1054,24 +612,6 @@ class AlertHookConfig(Table):
     timeout: Annotated[float, TIMEOUT] = 10.0
     max_retries: Annotated[int, integer(0, 100)] = 5
     runbook_base: Annotated[str | None, RUNBOOK] = None
-
-
-class NotAKey:
-    """A key of the base table that a variant does not take (it stays None): a file that sets
-    it gets "unknown key", and listings leave it out."""
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        def refuse(value: Any, info: ValidationInfo) -> Any:
-            if context_of(info) is not None:
-                raise PydanticKnownError("unexpected_keyword_argument")
-            return value
-
-        return core_schema.with_info_plain_validator_function(refuse)
-
-
-NOT_A_KEY = NotAKey()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
@@ -1147,7 +687,7 @@ class Config:
         described("an array of tables ([[rotators]])"),
     ] = dataclasses.field(default_factory=_no_entries)
     credentials: Annotated[
-        tuple[CredentialConfig, ...],
+        tuple[AnyCredential, ...],
         Entries("credential"),
         described("an array of tables ([[credentials]])"),
     ] = ()

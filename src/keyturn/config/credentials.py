@@ -1,0 +1,402 @@
+"""`[[credentials]]`: one model per credential kind, chosen by `kind` (a discriminated union).
+
+`CredentialConfig` is what the code reads: every credential's attributes, a kind's own keys
+None (or their default) for the other kind. Each kind is a class of its own below it, with its
+own keys and rules, and a key of the other kind refused by name (`NotAKey`); `KINDS` lists
+them, and `AnyCredential` (the type `Config.credentials` holds) is built from it. The tables
+inside a credential (`refresh`, `backoff`, `rotation`, `sinks`) are here too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from pydantic import Field, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
+from pydantic_core import core_schema
+
+from keyturn.config.fields import (
+    BOOLEAN,
+    DAY,
+    ENTRY_NAME,
+    HOUR,
+    HTTP_PATH,
+    MAX_TIMEOUT,
+    MODE,
+    NAME,
+    ONE_OF,
+    OUTSIDE_STATE_PREFIX,
+    REFERENCE_OR_INLINE,
+    SINK_PATH,
+    TABLE,
+    Check,
+    Invalid,
+    LoadContext,
+    NotAKey,
+    Table,
+    Unique,
+    Via,
+    Where,
+    command,
+    context_of,
+    describe,
+    described,
+    duration,
+    integer,
+    kv_path,
+    listed,
+    number,
+    refers_to,
+    report,
+    secret_reference,
+    text,
+)
+from keyturn.policy import BackoffPolicy, RefreshPolicy
+from keyturn.references import SecretRef
+
+CredentialKind = Literal["oauth_client", "api_key"]
+SinkFormat = Literal["raw", "json", "env"]
+
+# How long after a new key is published its predecessor lives at most while keyturn waits for
+# consumers to move, unless `max_grace` says otherwise.
+DEFAULT_MAX_GRACE = DAY
+TIMEOUT = duration(positive=True, maximum=MAX_TIMEOUT)
+MARGIN = duration()
+LIFETIME = duration(positive=True)
+KV_PATH = kv_path(
+    'a path relative to the mount, e.g. "apps/reporting/acme": segments of letters, digits '
+    'and _ . @ + = - joined by single "/", no "." or ".."'
+)
+PROVIDER = refers_to("providers", "provider")
+FRACTION = number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1)
+JITTER = number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5)
+WAIT = duration(positive=True, maximum=DAY)
+MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
+AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
+HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
+MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
+_CONSUMERS_EXPECTED = (
+    "a non-empty array of consumer names, fnmatch patterns or entity ids, e.g. "
+    '["approle/reporting", "kubernetes-prod-*"] (each at most 128 characters; in the '
+    'environment a JSON array or "a,b")'
+)
+
+
+def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
+    names = []
+    for item in listed(value, from_env, _CONSUMERS_EXPECTED):
+        if (
+            not isinstance(item, str)
+            or not item.strip()
+            or len(item) > MAX_CONSUMER_NAME
+            or _CONTROL_CHARACTER.search(item)
+        ):
+            raise Invalid(f"got {describe(item)} in the array; expected {_CONSUMERS_EXPECTED}")
+        names.append(item)
+    return tuple(dict.fromkeys(names))
+
+
+CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class RotationPolicy(Table):
+    """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
+    `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
+    is published. verify_attempts: failed verifications of one new key before another.
+    wait_for_consumers (api_key, with `[usage]`): after `grace`, the old key is revoked only
+    once no consumer that read it within `consumer_window` still reads it, and at the latest
+    `max_grace` after the new one was published (None: `DEFAULT_MAX_GRACE`, at least
+    `grace`; see `longest_grace`)."""
+
+    # A key may live up to ten years; the old one stays valid for at most a year after.
+    max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
+    grace: Annotated[float, MARGIN] = 3600.0
+    rotator: Annotated[str, NAME, refers_to("rotators", "rotator")]
+    verify_attempts: Annotated[int, integer(1, 100)] = 5
+    wait_for_consumers: Annotated[bool, BOOLEAN] = False
+    consumer_window: Annotated[float, duration(positive=True)] = DAY
+    max_grace: Annotated[float | None, MARGIN] = None
+
+    def longest_grace(self) -> float:
+        """How long after the new key is published the old one is revoked at the latest when
+        waiting for consumers: `max_grace`, or by default a day (never less than `grace`)."""
+        return self.max_grace if self.max_grace is not None else max(self.grace, DEFAULT_MAX_GRACE)
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.grace >= self.max_age:
+            message = (
+                f"is not shorter than max_age ({self.max_age:g}s); expected a grace shorter "
+                "than max_age, so that at most two keys are live at once"
+            )
+            yield "grace", message
+        if self.max_grace is not None and self.max_grace < self.grace:
+            message = (
+                f"is shorter than grace ({self.grace:g}s); expected max_grace >= grace (the "
+                "old key is never revoked before grace has passed)"
+            )
+            yield "max_grace", message
+        longest = self.longest_grace()
+        if self.wait_for_consumers and longest >= self.max_age > self.grace:
+            if self.max_grace is None:
+                message = (
+                    f"waits up to max_grace's default ({longest:g}s), which is not shorter than "
+                    f"max_age ({self.max_age:g}s); expected a max_grace shorter than max_age"
+                )
+                yield "wait_for_consumers", message
+            else:
+                message = (
+                    f"is not shorter than max_age ({self.max_age:g}s); expected a max_grace "
+                    "shorter than max_age, so that at most two keys are live at once"
+                )
+                yield "max_grace", message
+
+
+def _present(table: Any) -> dict[str, Any]:
+    """The keys a table sets; one it leaves out takes the built object's default."""
+    values = {f.name: getattr(table, f.name) for f in dataclasses.fields(table)}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class RefreshTable(Table):
+    """`refresh`: a keyturn.policy.RefreshPolicy."""
+
+    at: Annotated[float | None, FRACTION] = None
+    jitter: Annotated[float | None, JITTER] = None
+    margin: Annotated[float | None, MARGIN] = None
+    min_interval: Annotated[float | None, LIFETIME] = None
+
+    def build(self) -> RefreshPolicy:
+        return RefreshPolicy(**_present(self))
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        policy = self.build()
+        low, high = policy.at - policy.jitter, policy.at + policy.jitter
+        if low <= 0 or high >= 1:
+            message = (
+                f"at ± jitter spans {low:.2f} to {high:.2f} of the lifetime; "
+                "expected both ends strictly between 0 and 1"
+            )
+            yield "jitter", message
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class BackoffTable(Table):
+    """`backoff`: a keyturn.policy.BackoffPolicy (`max` is its `maximum`)."""
+
+    initial: Annotated[float | None, WAIT] = None
+    maximum: Annotated[float | None, WAIT] = Field(default=None, alias="max")
+    multiplier: Annotated[float | None, MULTIPLIER] = None
+    after_expiry: Annotated[float | None, AFTER_EXPIRY] = None
+
+    def build(self) -> BackoffPolicy:
+        return BackoffPolicy(**_present(self))
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        policy = self.build()
+        if policy.maximum < policy.initial:
+            yield "max", f"is shorter than initial; expected max >= initial ({policy.initial:g}s)"
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class HookConfig(Table):
+    """A sink's `on_publish`: a command (argv, no shell; not run at load) run after each write
+    of the sink's file, told what was written as JSON on its stdin."""
+
+    NAMED_IN_PROBLEMS = True
+    command: Annotated[tuple[str, ...], HOOK_COMMAND]
+    timeout: Annotated[float, TIMEOUT] = 10.0
+
+
+@dataclass(frozen=True, slots=True, config=TABLE)
+class SinkConfig(Table):
+    """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
+    (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
+    value), "json" (the published fields, `credential`, `version`), "env" (`<env_prefix>
+    <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
+
+    path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
+    format: Annotated[SinkFormat, ONE_OF]
+    mode: Annotated[int, MODE] = 0o600
+    env_prefix: Annotated[
+        str,
+        text(
+            'a prefix of letters, digits and "_", not starting with a digit (at most 64 '
+            'characters), e.g. "REPORTING_"',
+            re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}"),
+        ),
+    ] = "KEYTURN_"
+    on_publish: Annotated[
+        HookConfig | None,
+        described(
+            'a table, e.g. on_publish = { command = ["/usr/bin/systemctl", "try-restart", '
+            '"app"], timeout = "10s" }'
+        ),
+    ] = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _env_prefix_only_for_env(
+        cls, data: Any, handler: core_schema.ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> Any:
+        sink = handler(data)
+        given = context_of(info) and isinstance(data, dict) and "env_prefix" in data
+        if given and sink.format != "env":
+            message = f'is set for format "{sink.format}", which has no variables; expected '
+            raise report([("env_prefix", message + 'env_prefix only with format = "env"')])
+        return sink
+
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class CredentialConfig(Table):
+    """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
+    `KINDS`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
+    client_secret; `rotation` rotates the client secret; `refresh_token` seeds keyturn's state
+    once. "api_key": no client_id or client_secret; `probe` and `rotation` are set;
+    `initial_key` and `initial_key_id` adopt an existing key. publish_to: the KV path apps
+    read. probe: a path on the provider called with each new token or key before it is
+    published. sinks: files on keyturn's host kept equal to what is published."""
+
+    name: Annotated[str, ENTRY_NAME]
+    provider: Annotated[str, NAME, PROVIDER]
+    kind: CredentialKind = "oauth_client"
+    client_id: SecretRef | None = None
+    client_secret: SecretRef | None = None
+    scope: str | None = None
+    refresh_token: SecretRef | None = None
+    refresh: RefreshPolicy = dataclasses.field(default_factory=RefreshPolicy)
+    publish_to: Annotated[
+        str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
+    ]
+    probe: Annotated[str | None, HTTP_PATH] = None
+    backoff: Annotated[
+        BackoffPolicy, Via(BackoffTable), described("a table ([credentials.backoff])")
+    ] = dataclasses.field(default_factory=BackoffPolicy)
+    rotation: Annotated[
+        RotationPolicy | None,
+        described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
+    ] = None
+    initial_key: SecretRef | None = None
+    initial_key_id: str | None = None
+    sinks: Annotated[
+        tuple[SinkConfig, ...],
+        described(
+            "an array of tables, e.g. [[credentials.sinks]] or sinks = [{ path = "
+            '"/run/keyturn/app.env", format = "env" }]'
+        ),
+    ] = ()
+    consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        """The rotator a rotation names must be able to rotate this kind's secret."""
+        if self.rotation is None or context.rotators is None:
+            return
+        name = self.rotation.rotator
+        rotator_type, needs_client_id = context.rotators.get(name, (None, False))
+        if self.kind == "oauth_client" and rotator_type == "manual":
+            message = (
+                f'"{name}" is a manual rotator, which cannot rotate an oauth_client\'s secret; '
+                'expected an "http" or "exec" rotator'
+            )
+            yield ("rotation", "rotator"), message
+        if self.kind == "api_key" and needs_client_id:
+            message = (
+                f'"{name}" uses {{client_id}}, which an api_key credential does not have; '
+                "expected a rotator whose templates do not use {client_id}"
+            )
+            yield ("rotation", "rotator"), message
+
+
+def _only_for(kind: str, other: str, why: str) -> NotAKey:
+    """A key of `kind` in an entry of the `other` kind."""
+    return NotAKey(f'not allowed for kind "{other}"{why}; expected it only with kind = "{kind}"')
+
+
+_NOT_OAUTH = _only_for("api_key", "oauth_client", " (its secret is client_secret)")
+_NOT_API_KEY = _only_for(
+    "oauth_client", "api_key", ", which has no OAuth client and no token to refresh"
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class OAuthClientCredential(CredentialConfig):
+    """`kind = "oauth_client"`: an OAuth 2.0 client; keyturn gets access tokens with its
+    client credentials (and, with `rotation`, rotates its client secret)."""
+
+    kind: Literal["oauth_client"] = "oauth_client"
+    client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
+    client_secret: Annotated[
+        SecretRef,
+        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
+    ]
+    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
+    refresh_token: Annotated[
+        SecretRef | None,
+        secret_reference('refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'),
+    ] = None
+    refresh: Annotated[
+        RefreshPolicy, Via(RefreshTable), described("a table ([credentials.refresh])")
+    ] = dataclasses.field(default_factory=RefreshPolicy)
+    initial_key: Annotated[None, _NOT_OAUTH] = None
+    initial_key_id: Annotated[None, _NOT_OAUTH] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.rotation is not None and self.rotation.wait_for_consumers:
+            message = (
+                "is true for an oauth_client, whose client secret is never published, so no "
+                "consumer reads it; expected wait_for_consumers only for an api_key"
+            )
+            yield ("rotation", "wait_for_consumers"), message
+        yield from CredentialConfig.problems(self, context)  # (slots: no bare super())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+class ApiKeyCredential(CredentialConfig):
+    """`kind = "api_key"`: an API key that keyturn rotates on a schedule with a rotator,
+    verified with `probe`; `initial_key` (with `initial_key_id`) adopts an existing key."""
+
+    kind: Literal["api_key"] = "api_key"
+    client_id: Annotated[None, _NOT_API_KEY] = None
+    client_secret: Annotated[None, _NOT_API_KEY] = None
+    scope: Annotated[None, _NOT_API_KEY] = None
+    refresh_token: Annotated[None, _NOT_API_KEY] = None
+    refresh: Annotated[RefreshPolicy, _NOT_API_KEY] = dataclasses.field(
+        default_factory=RefreshPolicy
+    )
+    probe: Annotated[str, HTTP_PATH]
+    rotation: Annotated[
+        RotationPolicy,
+        described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
+    ]
+    initial_key: Annotated[
+        SecretRef | None,
+        secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"'),
+    ] = None
+    initial_key_id: Annotated[
+        str | None, text('the provider\'s id of initial_key, e.g. "key_0123"')
+    ] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.initial_key_id is not None and self.initial_key is None:
+            message = (
+                "is set without initial_key; expected initial_key (a reference to the key "
+                "whose id this is) as well"
+            )
+            yield "initial_key_id", message
+        yield from CredentialConfig.problems(self, context)  # (slots: no bare super())
+
+
+# Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).
+KINDS = (OAuthClientCredential, ApiKeyCredential)
+if TYPE_CHECKING:
+    AnyCredential = CredentialConfig
+else:
+    AnyCredential = Annotated[Union[KINDS], Field(discriminator="kind")]  # noqa: UP007
