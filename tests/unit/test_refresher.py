@@ -15,12 +15,12 @@ from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import VaultUnavailable
 from keyturn.events import Failed, Suspicious
 from keyturn.jobs.build import build_job
-from keyturn.jobs.job import CredentialJob, JobDeps
+from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
 from keyturn.secret import Secret
-from keyturn.state import CredentialState, LeaseRecord
+from keyturn.state import CredentialState, LeaseRecord, TokenRecord
 from keyturn.testing.oauth import FakeOAuthServer
 from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
@@ -132,7 +132,9 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
     state = await world.state()
     assert state.refresh.token == Secret("rt-1-secretvalue")
     assert state.token.published_version == entry.version
-    assert state.lease.owner is None and state.token.phase == "ok"
+    assert state.token.phase == "ok" and state.token.verify_at is None
+    # Stored with the refresh token before the probe and the publish; the lease ended with it.
+    assert state.lease.ends_with == entry.version
     assert world.clock.time() + 0.56 * 600 <= outcome.next_due <= world.clock.time() + 0.76 * 600
     # Consumers read when keyturn plans to replace the token: its own plan, in whole seconds.
     refresh_at = parse_rfc3339(entry.data["refresh_at"])
@@ -142,16 +144,17 @@ async def test_first_run_publishes_what_apps_read(world: World) -> None:
 async def test_rotated_refresh_token_is_stored_before_the_token_is_published(world: World) -> None:
     await world.refresher().run()
     paths = [path for path, _ in world.store.writes]
-    # The lease (a first grant goes out only under it), the refresh token the grant returned,
-    # then publish, then the success record (releasing the lease).
-    assert paths == [STATE, STATE, PUBLISHED, STATE]
+    # The lease (a first grant goes out only under it), the refresh token the grant returned
+    # (with the outcome the probe and the publish then make true), then the publish.
+    assert paths == [STATE, STATE, PUBLISHED]
     versions = world.store._records[("secret", STATE)].versions
     lease = CredentialState.from_data(versions[1].data, "reporting")
     assert lease.lease.owner == "i-1" and lease.lease.until is not None
     assert lease.refresh.token is None
     stored = CredentialState.from_data(versions[2].data, "reporting")
     assert stored.refresh.token == Secret("rt-1-secretvalue")
-    assert stored.token.published_version is None
+    assert stored.token.published_version == 1 and stored.lease.ends_with == 1
+    assert world.server.grants == ["client_credentials"]
 
 
 async def test_nothing_is_requested_while_the_token_is_fresh(world: World) -> None:
@@ -204,6 +207,11 @@ async def test_a_token_rejected_by_the_probe_is_never_published(world: World) ->
     # the new refresh token was kept even though nothing was published
     assert state.refresh.token == Secret("rt-2-secretvalue")
     assert [s.detector for s in world.observer.of(Suspicious)] == ["fresh_credential_rejected"]
+    # The outcome stored with it before the probe is taken back: the record names what apps
+    # read, and the lease is released.
+    assert state.token.published_version == before.version
+    assert state.token.expires_at == parse_rfc3339(before.data["expires_at"])
+    assert state.lease.owner is None and state.lease.ends_with is None
 
 
 @pytest.mark.parametrize(
@@ -311,8 +319,8 @@ async def test_a_refresh_from_a_stale_copy_sends_no_refresh_token_before_its_wri
     assert world.server.used_refresh == ["rt-1-secretvalue"]  # sent once, after the read
     assert world.store.reads[reads:] == [("read", STATE, True)]
     # The refused in-flight mark wrote nothing; then the in-flight mark, the rotated refresh
-    # token, the publish and the release.
-    assert [path for path, _ in world.store.writes[writes:]] == [STATE, STATE, PUBLISHED, STATE]
+    # token with the outcome, the publish (no release).
+    assert [path for path, _ in world.store.writes[writes:]] == [STATE, STATE, PUBLISHED]
     assert world.observer.of(Failed) == []
 
 
@@ -651,7 +659,7 @@ async def steady_refresh(
     [
         (None, True, [STATE, STATE, PUBLISHED]),
         (None, False, [STATE, PUBLISHED, STATE]),
-        ("/v1/projects", True, [STATE, STATE, PUBLISHED, STATE]),
+        ("/v1/projects", True, [STATE, STATE, PUBLISHED]),
         ("/v1/projects", False, [STATE, PUBLISHED, STATE]),
     ],
 )
@@ -753,3 +761,54 @@ async def test_a_publish_over_someone_elses_version_writes_the_custom_metadata(
     entry = await store.read(PUBLISHED)
     assert entry is not None and entry.custom_metadata["managed-by"] == "keyturn"
     assert store.metadata_writes == [PUBLISHED, PUBLISHED]
+
+
+async def test_a_lease_stored_with_the_outcome_is_bounded_by_the_token_apps_still_read(
+    world: World,
+) -> None:
+    """Until the publish lands, apps read the old token: the lease stored with the outcome (and
+    each renewal of it) is as short as that token requires, not as the new one would allow,
+    so another instance can take over in time if this one dies while probing."""
+    now = world.clock.time()
+    old = CredentialState(token=TokenRecord(issued_at=now - 590, expires_at=now + 10))
+    journal = Journal(
+        world.store, STATE, old, 0, clock=world.clock, lease=Lease("i-1", 30.0), leased=False
+    )
+    new = dataclasses.replace(
+        old, token=dataclasses.replace(old.token, issued_at=now, expires_at=now + 600)
+    )
+    stored = await journal.save_ending_with(new, 1)
+    assert stored.lease.until == now + MIN_LEASE  # 10 s left: half is 5, less one step is < 0
+    assert stored.lease.ends_with == 1
+    renewed = await journal.renew()
+    assert renewed.lease.until == now + MIN_LEASE and renewed.lease.ends_with == 1
+    journal.stage(new)  # what the run really did: the release stores it, leased as ever
+    assert (await journal.save(new)).lease.until == now + 30.0
+
+
+async def test_a_task_due_after_the_refresh_keeps_the_release(world: World) -> None:
+    """A token published unverified is probed again by the job's `verify` task: when that is
+    due in the same run, the refresh does not end the run with its publish (the task after it
+    writes), and the run ends with a release as before."""
+    store = counting(world)
+    job = world.refresher()
+    first = await job.run()
+    state = await world.state()
+    world.clock.advance(first.next_due - world.clock.time())
+    unverified = dataclasses.replace(state.token, verify_at=world.clock.time())
+    await store.write(STATE, dataclasses.replace(state, token=unverified).to_data(), cas=None)
+    writes = len(store.writes)
+    outcome = await world.refresher().run()
+    assert outcome.action == "refreshed"
+    # The lease (the verify task takes it first), the in-flight mark, the rotated refresh
+    # token (without the outcome), the publish, the release; the verify task then found no
+    # unverified token left to probe.
+    assert [path for path, _ in store.writes[writes:]] == [STATE, STATE, STATE, PUBLISHED, STATE]
+    versions = store._records[("secret", STATE)].versions
+    stored = CredentialState.from_data(versions[max(versions) - 1].data, "reporting")
+    assert stored.refresh.token == Secret("rt-2-secretvalue") and stored.refresh.in_flight is None
+    assert stored.lease.ends_with is None and stored.token.phase == "ok"
+    assert stored.token.published_version == state.token.published_version
+    state = await world.state()
+    assert state.token.verify_at is None and state.lease.owner is None
+    assert state.token.published_version == (await store.read(PUBLISHED)).version  # type: ignore[union-attr]

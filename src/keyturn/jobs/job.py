@@ -190,9 +190,11 @@ class Journal:
     write takes it (`leased` then turns True). If that write loses its check-and-set, `raced`
     is set: another writer changed the record since it was read, and this run must stop.
 
-    `may_end_with_publish`: the running task is the job's last, so it may store the run's
-    outcome before it publishes (`save_ending_with`) and, once the publish lands as planned,
-    call `ended()`: the job then writes no release (one Vault write fewer per run)."""
+    `may_end_with_publish`: no task of the job is due after the running one, so it may store
+    the run's outcome before it publishes (`save_ending_with`) and, once the publish lands as
+    planned, call `ended()`: the job then writes no release (one Vault write fewer per run).
+    Until then the lease is as long as the record as it was before that outcome allows: the
+    token apps read until the publish lands is the one that bounds it."""
 
     def __init__(
         self,
@@ -216,6 +218,9 @@ class Journal:
         self.raced = False
         self.may_end_with_publish = False
         self._ends_with: int | None = None
+        # The record as it was before `save_ending_with` stored the outcome: its token (the
+        # one apps read until the publish lands) bounds the lease meanwhile.
+        self._before_outcome: CredentialState | None = None
         self.over = False
 
     async def save(self, state: CredentialState) -> CredentialState:
@@ -235,7 +240,7 @@ class Journal:
         `lease_in_force`). The task calls `ended()` once it has, or stages the record as it
         really is (the release then stores it)."""
         async with self._lock:
-            self._ends_with = version
+            self._ends_with, self._before_outcome = version, self.state
             return await self._write(self._leased(state))
 
     def ended(self) -> None:
@@ -246,7 +251,10 @@ class Journal:
     def _leased(self, state: CredentialState) -> CredentialState:
         if self._lease is None or self._clock is None:
             return state
-        until = self._lease.until(state, self._clock.time())
+        now = self._clock.time()
+        until = self._lease.until(state, now)
+        if self._ends_with is not None and self._before_outcome is not None:
+            until = min(until, self._lease.until(self._before_outcome, now))
         return replace(state, lease=LeaseRecord(self._lease.owner, until, self._ends_with))
 
     def stage(self, state: CredentialState) -> CredentialState:
@@ -549,7 +557,11 @@ class CredentialJob:
             now = self._clock.time()
             if await task.due(journal.state, now, task.name in forced) > now:
                 continue
-            journal.may_end_with_publish = task is self.tasks[-1]
+            if journal.over:
+                # This run's outcome is stored and its lease ended with the publish: a task
+                # due only now runs in the next run, under a lease of its own.
+                break
+            journal.may_end_with_publish = not await self._due_after(task, journal, forced)
             try:
                 action = await task.step(journal)
             except Exception as exc:
@@ -564,6 +576,12 @@ class CredentialJob:
                 self._observer(Failed(self.name, self.provider, self.kind, failure, failures))
                 journal.stage(state)
         return action, error
+
+    async def _due_after(self, task: Task, journal: Journal, forced: set[str]) -> bool:
+        """Whether a task after `task` is due now (by the record as it is now, and forced)."""
+        later = self.tasks[self.tasks.index(task) + 1 :]
+        now = self._clock.time()
+        return any([await t.due(journal.state, now, t.name in forced) <= now for t in later])
 
     async def _finish(
         self, journal: Journal, action: str, error: KeyturnError | None

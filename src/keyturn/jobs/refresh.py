@@ -6,7 +6,8 @@
      │            the provider refused the held one and the input has changed since)
     token request (refresh_token grant if one is held, else client_credentials;
      │            invalid_grant on a refresh: report, drop it, fall back)
-    store a rotated refresh token in the journal (CAS) ── before anything is published
+    store a rotated refresh token in the journal (CAS) ── before anything is published; with
+     │            the run's outcome when nothing need follow the publish (no release then)
      │
     probe the new token (if configured) ── 401/403: VerificationFailed, nothing published
      │            no answer: probed again alone (PROBE_ATTEMPTS); still none: the token is
@@ -266,10 +267,10 @@ class TokenRefresh:
         recorded = outcome is not None and state.token is outcome
         self._check_drift(before, token, lifetime)
 
-        verified = True
-        if self.credential.probe:
-            verified = await self._verify(token, requested_at, before, now)
         try:
+            verified = True
+            if self.credential.probe:
+                verified = await self._verify(token, requested_at, before, now)
             published_version = await self._publish(
                 token.access_token, issued_at, expires_at, next_due, before
             )
@@ -288,7 +289,7 @@ class TokenRefresh:
                 verified=verified,
             )
         )
-        if recorded and state.token.published_version == published_version:
+        if recorded and verified and state.token.published_version == published_version:
             journal.ended()  # the record stored before publishing is the outcome: no release
             return "refreshed"
         if state.refresh.burned is not None:  # apps now read a token of another grant
@@ -356,14 +357,14 @@ class TokenRefresh:
 
     def _may_store_outcome_first(self, journal: Journal, state: CredentialState) -> bool:
         """Whether the write that stores a rotated refresh token may also store the run's
-        outcome (the token part as it will be once published) and let the lease end with the
-        publish: only when nothing can follow the publish (no probe to fail first, no refresh
-        token to revoke, no import, no other task of the job after this one)."""
+        outcome (the token part as it will be once published and verified) and let the lease
+        end with the publish: only when nothing need follow the publish (no refresh token to
+        revoke, no import, no other task of the job due after this one). A probe comes before
+        the publish: if it refuses the token or gets no answer, nothing is published and the
+        run puts the token part back (the release stores it, as after a failed publish); a
+        token published unverified is recorded with its `verify_at` by a release too."""
         return (
-            journal.may_end_with_publish
-            and not self.credential.probe
-            and state.refresh.burned is None
-            and self._import is None
+            journal.may_end_with_publish and state.refresh.burned is None and self._import is None
         )
 
     def _success(
@@ -375,7 +376,8 @@ class TokenRefresh:
         next_due: float,
         published_version: int,
     ) -> TokenRecord:
-        """The token part once this run's publish created KV `published_version`."""
+        """The token part once this run's publish created KV `published_version`, verified (a
+        token published unverified gets its `verify_at` from the caller)."""
         return replace(
             state.token,
             issued_at=issued_at,
@@ -388,6 +390,7 @@ class TokenRefresh:
             consecutive_failures=0,
             next_due=next_due,
             phase="ok",
+            verify_at=None,
         )
 
     async def _store_answer(
