@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, ValidationInfo, model_validator
-from pydantic.dataclasses import dataclass
 from pydantic_core import core_schema
 
 from keyturn.config.fields import (
@@ -28,11 +27,9 @@ from keyturn.config.fields import (
     MAX_TIMEOUT,
     MODE,
     NAME,
-    ONE_OF,
     OUTSIDE_STATE_PREFIX,
     REFERENCE_OR_INLINE,
     SINK_PATH,
-    TABLE,
     Check,
     Invalid,
     LoadContext,
@@ -53,6 +50,7 @@ from keyturn.config.fields import (
     refers_to,
     report,
     secret_reference,
+    table,
     text,
 )
 from keyturn.policy import BackoffPolicy, RefreshPolicy
@@ -72,10 +70,10 @@ KV_PATH = kv_path(
     'and _ . @ + = - joined by single "/", no "." or ".."'
 )
 PROVIDER = refers_to("providers", "provider")
-FRACTION = number("a fraction between 0 and 1 (exclusive)", lambda x: 0 < x < 1)
-JITTER = number("a fraction >= 0 and < 0.5", lambda x: 0 <= x < 0.5)
+FRACTION = number("a fraction between 0 and 1 (exclusive)", gt=0, lt=1)
+JITTER = number("a fraction >= 0 and < 0.5", ge=0, lt=0.5)
 WAIT = duration(positive=True, maximum=DAY)
-MULTIPLIER = number("a number between 1 and 10", lambda x: 1 <= x <= 10)
+MULTIPLIER = number("a number between 1 and 10", ge=1, le=10)
 AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
 HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
 MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
@@ -104,7 +102,7 @@ def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
 CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class RotationPolicy(Table):
     """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
     `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
@@ -163,7 +161,7 @@ def _present(table: Any) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class RefreshTable(Table):
     """`refresh`: a keyturn.policy.RefreshPolicy."""
 
@@ -186,12 +184,12 @@ class RefreshTable(Table):
             yield "jitter", message
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class BackoffTable(Table):
     """`backoff`: a keyturn.policy.BackoffPolicy (`max` is its `maximum`)."""
 
     initial: Annotated[float | None, WAIT] = None
-    maximum: Annotated[float | None, WAIT] = Field(default=None, alias="max")
+    maximum: Annotated[float | None, WAIT, Field(alias="max")] = None
     multiplier: Annotated[float | None, MULTIPLIER] = None
     after_expiry: Annotated[float | None, AFTER_EXPIRY] = None
 
@@ -204,7 +202,7 @@ class BackoffTable(Table):
             yield "max", f"is shorter than initial; expected max >= initial ({policy.initial:g}s)"
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class HookConfig(Table):
     """A sink's `on_publish`: a command (argv, no shell; not run at load) run after each write
     of the sink's file, told what was written as JSON on its stdin."""
@@ -214,7 +212,7 @@ class HookConfig(Table):
     timeout: Annotated[float, TIMEOUT] = 10.0
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class SinkConfig(Table):
     """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
     (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
@@ -222,14 +220,14 @@ class SinkConfig(Table):
     <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
 
     path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
-    format: Annotated[SinkFormat, ONE_OF]
+    format: SinkFormat
     mode: Annotated[int, MODE] = 0o600
     env_prefix: Annotated[
         str,
         text(
             'a prefix of letters, digits and "_", not starting with a digit (at most 64 '
             'characters), e.g. "REPORTING_"',
-            re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}"),
+            r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
         ),
     ] = "KEYTURN_"
     on_publish: Annotated[
@@ -255,7 +253,7 @@ class SinkConfig(Table):
 
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class CredentialConfig(Table):
     """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
     `KINDS`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
@@ -326,7 +324,7 @@ _NOT_API_KEY = _only_for(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class OAuthClientCredential(CredentialConfig):
     """`kind = "oauth_client"`: an OAuth 2.0 client; keyturn gets access tokens with its
     client credentials (and, with `rotation`, rotates its client secret)."""
@@ -358,7 +356,7 @@ class OAuthClientCredential(CredentialConfig):
         yield from CredentialConfig.problems(self, context)  # (slots: no bare super())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class ApiKeyCredential(CredentialConfig):
     """`kind = "api_key"`: an API key that keyturn rotates on a schedule with a rotator,
     verified with `probe`; `initial_key` (with `initial_key_id`) adopts an existing key."""

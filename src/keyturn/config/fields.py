@@ -16,15 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import ipaddress
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Self, get_args, get_origin
+from typing import (
+    Any,
+    ClassVar,
+    Self,
+    TypeVar,
+    dataclass_transform,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -34,8 +43,8 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     model_validator,
+    with_config,
 )
-from pydantic import dataclasses as pydantic_dataclasses
 from pydantic.fields import FieldInfo
 from pydantic_core import (
     CoreSchema,
@@ -109,9 +118,8 @@ def problem(message: str) -> PydanticCustomError:
 
 
 class Check:
-    """A leaf type: what it `expected`s, and how it `read`s a TOML value or an override's text.
-    It checks what a file says; an object the code makes (no `LoadContext`) is taken as it is,
-    as the code's own values are already typed."""
+    """One of the project's value types: what it `expected`s, and how it `read`s a TOML value
+    or an override's text."""
 
     def __init__(self, expected: str, read: Callable[[Any, bool], Any] | None = None) -> None:
         self.expected = expected
@@ -120,9 +128,6 @@ class Check:
     def read(self, value: Any, from_env: bool, context: LoadContext | None) -> Any:
         assert self._read is not None
         return self._read(value, from_env)
-
-    def expected_for(self, annotation: Any) -> str:
-        return self.expected
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -143,39 +148,10 @@ class Check:
             return None
 
     def _validate(self, value: Any, info: ValidationInfo) -> Any:
-        context = context_of(info)
-        if context is None:
-            return value
         try:
-            return self.value(value, context)
+            return self.value(value, context_of(info))
         except Invalid as exc:
             raise problem(str(exc)) from None
-
-
-class OneOf(Check):
-    """One of the values of the field's `Literal`, exactly."""
-
-    def __init__(self) -> None:
-        super().__init__("")
-
-    def expected_for(self, annotation: Any) -> str:
-        return "one of " + ", ".join(json.dumps(o) for o in get_args(annotation))
-
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        options, expected = get_args(source), self.expected_for(source)
-
-        def read(value: object, _env: bool) -> object:
-            for option in options:
-                if value == option:
-                    return option
-            raise Invalid(f"got {describe(value)}; expected {expected}")
-
-        return Check(expected, read).__get_pydantic_core_schema__(source, handler)
-
-
-ONE_OF = OneOf()
 
 
 def describe(value: object) -> str:
@@ -216,19 +192,36 @@ def _text(value: object, expected: str) -> str:
     return value
 
 
-def text(expected: str, rule: re.Pattern[str] | None = None) -> Check:
-    """A non-empty string, optionally matching `rule`."""
-
-    def read(value: object, _env: bool) -> str:
-        result = _text(value, expected)
-        if rule is not None and not rule.fullmatch(result):
-            raise Invalid(f"got {describe(result)}; expected {expected}")
-        return result
-
-    return Check(expected, read)
+def text(expected: str, pattern: str = r"\S") -> Any:
+    """A string (pydantic's, strict) that is not blank, or that matches `pattern`."""
+    return Field(strict=True, pattern=pattern, description=expected)
 
 
-NAME = text(NAME_EXPECTED, NAME_RULE)
+NAME = text(NAME_EXPECTED, f"^{NAME_RULE.pattern}$")
+BOOLEAN = Field(strict=True)
+BOOLEAN_EXPECTED = "true or false (in the environment also 1 or 0)"
+
+
+def integer(minimum: int, maximum: int, unit: str = "") -> Any:
+    """An integer (pydantic's, strict: not 1.0, not true) from `minimum` to `maximum`, both
+    included; `unit` follows the range in problem lines, e.g. " (1 KiB to 64 MiB)"."""
+    expected = f"an integer between {minimum} and {maximum}{unit}"
+    return Field(strict=True, ge=minimum, le=maximum, description=expected)
+
+
+def number(
+    expected: str,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """A finite number, an integer or a float (pydantic's, strict: not true), within the
+    bounds given, which `expected` states."""
+    return Field(
+        strict=True, allow_inf_nan=False, description=expected, gt=gt, ge=ge, lt=lt, le=le
+    )
 
 
 def _entry_name(value: object, _env: bool) -> str:
@@ -238,62 +231,6 @@ def _entry_name(value: object, _env: bool) -> str:
 
 
 ENTRY_NAME = Check(NAME_EXPECTED, _entry_name)  # an entry's own name (blank shown as "")
-
-
-def _boolean(value: object, from_env: bool) -> bool:
-    if from_env and isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered in ("true", "1"):
-            return True
-        if lowered in ("false", "0"):
-            return False
-    elif isinstance(value, bool):
-        return value
-    raise Invalid(f"got {describe(value)}; expected {BOOLEAN.expected}")
-
-
-BOOLEAN = Check("true or false (in the environment also 1 or 0)", _boolean)
-
-
-def integer(minimum: int, maximum: int, unit: str = "") -> Check:
-    """An integer from `minimum` to `maximum` (both included); `unit` follows the range in
-    messages, e.g. " (1 KiB to 64 MiB)"."""
-    expected = f"an integer between {minimum} and {maximum}{unit}"
-
-    def read(value: object, from_env: bool) -> int:
-        if from_env and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,30}\s*", value):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Invalid(f"got {describe(value)}; expected {expected}")
-        if not minimum <= value <= maximum:
-            raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
-        return value
-
-    return Check(expected, read)
-
-
-def number(expected: str, check: Callable[[float], bool]) -> Check:
-    """A finite number (int or float) for which `check` holds; `expected` states the range."""
-
-    def read(value: object, from_env: bool) -> float:
-        readable: str | float | None = None
-        if isinstance(value, str):
-            readable = value if from_env else None
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            readable = value
-        result: float | None = None
-        if readable is not None:
-            try:
-                result = float(readable)
-            except (ValueError, OverflowError):  # not a number, or an int beyond any float
-                result = None
-        if result is None or not math.isfinite(result):
-            raise Invalid(f"got {describe(value)}; expected {expected}")
-        if not check(result):
-            raise Invalid(f"got {describe(value)}, which is out of range; expected {expected}")
-        return result
-
-    return Check(expected, read)
 
 
 def duration(
@@ -869,6 +806,7 @@ def listed(value: object, from_env: bool, expected: str) -> list[object]:
 # -- tables -------------------------------------------------------------------------------
 
 TABLE = ConfigDict(extra="forbid")
+T = TypeVar("T")
 Where = str | tuple[str | int, ...]  # a key of a table, or a key path below it
 
 
@@ -882,10 +820,24 @@ def report(found: list[tuple[Where, str]]) -> ValidationError:
     return ValidationError.from_exception_data("keyturn", [_problem(*p) for p in found])
 
 
+@functools.cache
 def fields_of(model: type) -> dict[str, FieldInfo]:
-    """A schema model's fields (pydantic's), in order."""
-    fields: dict[str, FieldInfo] = model.__pydantic_fields__  # type: ignore[attr-defined]
-    return fields
+    """A table's fields as pydantic reads them, in order."""
+    hints = get_type_hints(model, include_extras=True)
+    fields = dataclasses.fields(model)
+    return {f.name: FieldInfo.from_annotated_attribute(hints[f.name], f) for f in fields}
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def table(*, kw_only: bool = False) -> Callable[[type[T]], type[T]]:
+    """A TOML table: a frozen dataclass that pydantic validates when it reads the file (its
+    unknown keys refused), and nothing else does: an object the code makes is taken as it is."""
+
+    def make(cls: type[T]) -> type[T]:
+        made = dataclasses.dataclass(frozen=True, slots=True, kw_only=kw_only)(cls)
+        return with_config(TABLE)(made)
+
+    return make
 
 
 def described(text: str) -> Any:
@@ -893,12 +845,11 @@ def described(text: str) -> Any:
     return Field(description=text)
 
 
-@pydantic_dataclasses.dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class Table:
     """A TOML table. Its keys' types check what a file says, and `problems` (rules across
-    keys, run once each key is valid) what a whole table says; neither judges the objects the
-    code makes itself (no `LoadContext`). `NAMED_IN_PROBLEMS`: an unknown key is reported
-    "for <the table's key>"."""
+    keys, run once each key is valid) what a whole table says. `NAMED_IN_PROBLEMS`: an unknown
+    key is reported "for <the table's key>"."""
 
     NAMED_IN_PROBLEMS: ClassVar[bool] = False
 
@@ -916,7 +867,7 @@ class Table:
 
 class Via:
     """The file holds `table` (a model with `build()`) where the code reads another object
-    (the annotated type); an object of that type made by the code is taken as it is."""
+    (the annotated type)."""
 
     def __init__(self, table: Any) -> None:
         self.table = table
@@ -924,11 +875,8 @@ class Via:
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
-        def validate(value: Any, table: core_schema.ValidatorFunctionWrapHandler) -> Any:
-            return value if isinstance(value, source) else table(value).build()
-
         schema = handler.generate_schema(self.table)
-        return core_schema.no_info_wrap_validator_function(validate, schema)
+        return core_schema.no_info_after_validator_function(lambda t: t.build(), schema)
 
 
 class Entries:
@@ -966,14 +914,12 @@ class NotAKey:
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
-        def refuse(value: Any, info: ValidationInfo) -> Any:
-            if context_of(info) is not None:
-                raise problem(self.why) if self.why else PydanticKnownError(
-                    "unexpected_keyword_argument"
-                )
-            return value
+        def refuse(value: Any) -> Any:
+            if self.why:
+                raise problem(self.why)
+            raise PydanticKnownError("unexpected_keyword_argument")
 
-        return core_schema.with_info_plain_validator_function(refuse)
+        return core_schema.no_info_plain_validator_function(refuse)
 
 
 NOT_A_KEY = NotAKey()

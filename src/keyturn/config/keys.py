@@ -8,22 +8,24 @@ The loader asks the schema, never a list of its own, which keys a table has (unk
 from __future__ import annotations
 
 import functools
+import json
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
-from keyturn.config.fields import Check, Entries, NotAKey, Via, fields_of
+from keyturn.config.fields import BOOLEAN_EXPECTED, Check, Entries, NotAKey, Via, fields_of
 from keyturn.config.schema import Config
 
 
 @dataclass(frozen=True)
 class Node:
     """What a key holds: a table (`model`), a union of tables chosen by `discriminator`, an
-    array (`item`), or a value (`check`)."""
+    array (`item`), or a value: one of the project's types (`check`) or pydantic's (its
+    `annotation`). `expected`: what a value must be, as problem lines say it."""
 
     model: type | None = None
     discriminator: str = ""
@@ -32,6 +34,7 @@ class Node:
     check: Check | None = None
     annotation: Any = None
     entries: Entries | None = None
+    expected: str | None = None
 
 
 @functools.cache
@@ -69,21 +72,28 @@ def node(annotation: Any, metadata: list[Any] | None = None) -> Node:
         if isinstance(meta, Via):
             return node(meta.table)
         if isinstance(meta, Check):
-            return Node(check=meta, annotation=annotation)
+            return Node(check=meta, annotation=annotation, expected=meta.expected)
     discriminator = next(
         (m.discriminator for m in metadata if isinstance(m, FieldInfo) and m.discriminator), None
     )
     if isinstance(discriminator, str):
         members = {tag_of(m, discriminator): m for m in get_args(annotation)}
         return Node(discriminator=discriminator, members=members)
-    if hasattr(annotation, "__pydantic_fields__"):
+    if hasattr(annotation, "__pydantic_config__"):  # a `fields.table`
         return Node(model=annotation)
     entries = next((m for m in metadata if isinstance(m, Entries)), None)
     if get_origin(annotation) is Mapping:
         return Node(item=node(get_args(annotation)[1]), entries=entries)
     if get_origin(annotation) is tuple:
         return Node(item=node(get_args(annotation)[0]), entries=entries)
-    return Node(annotation=annotation)
+    expected: str | None = None
+    if get_origin(annotation) is Literal:
+        expected = "one of " + ", ".join(json.dumps(o) for o in get_args(annotation))
+    elif annotation is bool:
+        expected = BOOLEAN_EXPECTED
+    else:  # the words of `fields.text`, `integer` or `number`
+        expected = next((m.description for m in metadata if isinstance(m, FieldInfo)), None)
+    return Node(annotation=annotation, expected=expected)
 
 
 @functools.cache

@@ -29,8 +29,8 @@ from pydantic_core import ErrorDetails
 from keyturn.config.credentials import KV_PATH
 from keyturn.config.fields import (
     ENTRY_NAME,
-    NAME,
     NAME_EXPECTED,
+    NAME_RULE,
     Check,
     Invalid,
     LoadContext,
@@ -44,6 +44,8 @@ from keyturn.config.templates import placeholders
 from keyturn.errors import ConfigError
 
 _CONFIG = TypeAdapter(Config)
+# pydantic's errors of a value outside its key's range (`Field(gt=…, le=…)`)
+_OUT_OF_RANGE = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SECTIONS = list(keys(Config))  # the file's top-level keys, in order
 # The sections that are arrays of named entries, with what one entry is called.
@@ -210,8 +212,9 @@ class Document:
         not an array or some entry has no valid name (then "no such entry" would be a guess)."""
         if not isinstance(self.data.get(section, []), list):
             return None
-        names = [NAME.valid(i.get("name")) for i in self._items(section) if isinstance(i, dict)]
-        return None if None in names else [name for name in names if name]
+        names = [i.get("name") for i in self._items(section) if isinstance(i, dict)]
+        valid = [name for name in names if isinstance(name, str) and NAME_RULE.fullmatch(name)]
+        return valid if len(valid) == len(names) else None
 
     def rotators(self) -> dict[str, tuple[str | None, bool]] | None:
         """Each declared rotator's type (None if invalid) and whether its templates use
@@ -271,8 +274,13 @@ class Document:
         if kind in ("unexpected_keyword_argument", "extra_forbidden"):
             return spot.loc, self._unknown_key(spot)
         # Not a table, not an array: the value is not a secret (a secret key has its type).
+        value = error["input"]
         what = "a table" if isinstance(spot.loc[-1], int) else _expected(spot)
-        return spot.loc, f"got {describe(error['input'])}; expected {what}"
+        if kind in _OUT_OF_RANGE:
+            return spot.loc, f"got {describe(value)}, which is out of range; expected {what}"
+        blank = isinstance(value, str) and not value.strip()
+        shown = "an empty string" if blank else describe(value)
+        return spot.loc, f"got {shown}; expected {what}"
 
     def _raw(self, loc: Loc) -> Any:
         here: Any = self.data
@@ -305,7 +313,6 @@ def _tags(spot: Spot) -> str:
 
 def _expected(spot: Spot) -> str:
     """What a key expects: its type's words, or its table's description."""
-    here = spot.node
-    if here is not None and here.check is not None:
-        return here.check.expected_for(here.annotation)
+    if spot.node is not None and spot.node.expected:
+        return spot.node.expected
     return (spot.info.description if spot.info else None) or "a table"

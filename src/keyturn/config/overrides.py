@@ -12,6 +12,8 @@ valid name when there is one.
 from __future__ import annotations
 
 import difflib
+import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +47,31 @@ def is_override(var: str) -> bool:
     return section in SECTIONS or bool(
         difflib.get_close_matches(section, SECTIONS, n=1, cutoff=0.75)
     )
+
+
+def _reader(here: Node) -> Callable[[str], object]:
+    """How an override's text is read: by one of the project's types as `EnvText`, or for
+    pydantic's own as a TOML value would be (`true`/`1`, an integer, a finite number); text
+    that is not one stays text, for the key to refuse."""
+    if here.check is not None:
+        return EnvText
+    kind = here.annotation
+
+    def read(text: str) -> object:
+        lowered = text.strip().lower()
+        if kind is bool and lowered in ("true", "1", "false", "0"):
+            return lowered in ("true", "1")
+        if kind is int and re.fullmatch(r"[+-]?\d{1,30}", lowered):
+            return int(lowered)
+        if kind is float:
+            try:
+                number = float(lowered)
+            except ValueError:
+                return text
+            return number if math.isfinite(number) else text
+        return text
+
+    return read
 
 
 class Overrides:
@@ -122,8 +149,8 @@ class Overrides:
             if sub.model is not None or sub.members:
                 defaulted = info.default_factory is not None  # such as `refresh`
                 self._sub_table(table, key, defaulted, sub, prefix, loc)
-            elif sub.check is not None:  # (not an array of tables: sinks have no names)
-                self._scalar(table, key, prefix, loc)
+            elif sub.expected:  # a value (not an array of tables: sinks have no names)
+                self._scalar(table, key, prefix, loc, text=_reader(sub))
         for key in keys(model, refused=True):  # set, to be refused by name; never suggested
             self._scalar(table, key, prefix, loc, known=False)
 
@@ -149,7 +176,7 @@ class Overrides:
         prefix: str,
         loc: Loc,
         known: bool = True,
-        text: Callable[[str], str] = EnvText,
+        text: Callable[[str], object] = EnvText,
     ) -> None:
         var = f"{prefix}_{env_name(key)}"
         if known:

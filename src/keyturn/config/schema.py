@@ -34,7 +34,6 @@ from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, model_validator
-from pydantic.dataclasses import dataclass
 
 from keyturn.alerts.model import DETECTORS
 from keyturn.config.credentials import (
@@ -67,10 +66,8 @@ from keyturn.config.fields import (
     LOOPBACK_HOSTS,
     NAME,
     NOT_A_KEY,
-    ONE_OF,
     RUNBOOK,
     STATUSES,
-    TABLE,
     URL,
     URLS,
     Check,
@@ -96,6 +93,7 @@ from keyturn.config.fields import (
     path_template,
     report,
     secret_reference,
+    table,
     text,
     url_or_reference,
 )
@@ -164,7 +162,7 @@ def transport(
 # -- [keyturn], [vault], [metrics] ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class DaemonSettings(Table):
     """`[keyturn]`: daemon-wide settings. instance_id: this instance's name in Vault metadata
     and locks. state_prefix: keyturn's private KV prefix, which apps must not read.
@@ -176,19 +174,19 @@ class DaemonSettings(Table):
     when their tokens need it (`keyturn.members`)."""
 
     instance_id: Annotated[
-        str, text("an identifier without spaces, at most 253 characters", re.compile(r"\S{1,253}"))
+        str, text("an identifier without spaces, at most 253 characters", r"^\S{1,253}$")
     ] = dataclasses.field(default_factory=lambda: socket.gethostname() or "keyturn")
     state_prefix: Annotated[str, KV_PATH] = "keyturn/state"
-    log_level: Annotated[LogLevel, ONE_OF] = "info"
+    log_level: LogLevel = "info"
     max_concurrency: Annotated[int, CONCURRENCY] = 64
     vault_concurrency: Annotated[int, integer(1, 1_000)] = 16
     shutdown_timeout: Annotated[float, TIMEOUT] = 30.0
     watch_interval: Annotated[float, duration(off=True, minimum=1.0, maximum=7 * DAY)] = 300.0
-    on_external_change: Annotated[ExternalChangeResponse, ONE_OF] = "republish"
+    on_external_change: ExternalChangeResponse = "republish"
     takeover_after: Annotated[float, duration(minimum=3.0, maximum=HOUR)] = 30.0
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class TokenAuth(Table):
     """`method = "token"`: a Vault token from a reference."""
 
@@ -196,7 +194,7 @@ class TokenAuth(Table):
     token: Annotated[SecretRef, secret_reference('token = "env:VAULT_TOKEN"')]
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class TokenFileAuth(Table):
     """`method = "token_file"`: a token file kept current by someone else (e.g. Vault Agent)."""
 
@@ -204,7 +202,7 @@ class TokenFileAuth(Table):
     path: Annotated[Path, FS_PATH]
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class AppRoleAuth(Table):
     """`method = "approle"`: AppRole login at `auth/<mount>/login`."""
 
@@ -214,7 +212,7 @@ class AppRoleAuth(Table):
     mount: Annotated[str, MOUNT] = "approle"
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class KubernetesAuth(Table):
     """`method = "kubernetes"`: log in with the pod's service-account JWT."""
 
@@ -227,7 +225,7 @@ class KubernetesAuth(Table):
 VaultAuth = TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class VaultSettings(Table):
     """`[vault]`: where keyturn stores and publishes, and how it logs in. address: without a
     trailing slash. renew_margin: keyturn renews its own token at 2/3 of its TTL and no later
@@ -288,7 +286,7 @@ def _open_paths(value: object, from_env: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class MetricsTable(Table):
     """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults); `web_config`
     the exporter toolkit's web configuration file (keyturn.config.webconfig), read at load."""
@@ -313,7 +311,7 @@ class MetricsTable(Table):
 # -- [[providers]] and [[rotators]] ---------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class ProviderConfig(Table):
     """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
     slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
@@ -324,12 +322,12 @@ class ProviderConfig(Table):
     allow_insecure_http: Annotated[bool, BOOLEAN] = False
     token_path: Annotated[str, HTTP_PATH] = "/oauth/token"
     revoke_path: Annotated[str | None, HTTP_PATH] = None
-    token_request: Annotated[TokenRequest, ONE_OF] = "json"
-    client_auth: Annotated[ClientAuth, ONE_OF] = "body"
+    token_request: TokenRequest = "json"
+    client_auth: ClientAuth = "body"
     timeout: Annotated[float, TIMEOUT] = 10.0
     max_connections: Annotated[int, CONCURRENCY] = 100
     rate_limit: Annotated[
-        float | None, number(f"a number of requests per second {RATE}", lambda x: 0 < x <= 1e4)
+        float | None, number(f"a number of requests per second {RATE}", gt=0, le=1e4)
     ] = None
     default_lifetime: Annotated[float, LIFETIME] = 3600.0
     max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
@@ -362,12 +360,12 @@ class HttpCall:
     ok_status: tuple[int, ...] = OK_STATUS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class CreateTable(Table):
     """`create`: the call that makes a key, and where the key's value and id are."""
 
     NAMED_IN_PROBLEMS = True
-    method: Annotated[HttpMethod, ONE_OF] = "POST"
+    method: HttpMethod = "POST"
     path: Annotated[str, path_template(REQUEST_PLACEHOLDERS)]
     body: Annotated[str | None, body_template(REQUEST_PLACEHOLDERS)] = None
     value: Annotated[str, json_pointer('to the new key\'s value, e.g. "/key"')]
@@ -378,12 +376,12 @@ class CreateTable(Table):
         return HttpCall(self.path, self.method, self.body, self.value, self.id, self.ok_status)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class RevokeTable(Table):
     """`revoke`: the call that revokes the key `{key_id}`."""
 
     NAMED_IN_PROBLEMS = True
-    method: Annotated[HttpMethod, ONE_OF] = "DELETE"
+    method: HttpMethod = "DELETE"
     path: Annotated[str, path_template(REVOKE_PLACEHOLDERS)]
     body: Annotated[str | None, body_template(REVOKE_PLACEHOLDERS)] = None
     ok_status: Annotated[tuple[int, ...], STATUSES] = OK_STATUS
@@ -400,20 +398,20 @@ class RevokeTable(Table):
             yield "path", message
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class HttpFind(Table):
     """`find`: how an `http` rotator lists keys: `items` points to the array in the answer,
     `name` and `id` into one item (JSON pointers)."""
 
     NAMED_IN_PROBLEMS = True
-    method: Annotated[HttpMethod, ONE_OF] = "GET"
+    method: HttpMethod = "GET"
     path: Annotated[str, path_template(REQUEST_PLACEHOLDERS)]
     items: Annotated[str, json_pointer('to the array of keys, e.g. "/api_keys"', allow_root=True)]
     name: Annotated[str, json_pointer('to a key\'s name inside one item, e.g. "/name"')]
     id: Annotated[str, json_pointer('to a key\'s id inside one item, e.g. "/key_id"')]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class HttpRotatorConfig(Table):
     """`type = "http"`: a provider's key-management API, through the `[[providers]]` entry
     `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header)."""
@@ -426,7 +424,7 @@ class HttpRotatorConfig(Table):
         str,
         text(
             'an HTTP auth scheme, e.g. "Bearer" or "Token"',
-            re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}"),
+            r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$",
         ),
     ] = "Bearer"
     create: Annotated[
@@ -445,7 +443,7 @@ class HttpRotatorConfig(Table):
     ] = None
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class ExecRotatorConfig(Table):
     """`type = "exec"`: an operator's command (argv; not run at load), parameters on stdin."""
 
@@ -455,7 +453,7 @@ class ExecRotatorConfig(Table):
     timeout: Annotated[float, TIMEOUT] = 30.0
 
 
-@dataclass(frozen=True, slots=True, config=TABLE)
+@table()
 class ManualRotatorConfig(Table):
     """`type = "manual"`: a person creates the key; `keyturn import-key` hands it over."""
 
@@ -471,7 +469,6 @@ RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
 UsageSource = Literal["file", "socket"]
 DEFAULT_POSITION_FILE = Path("/var/lib/keyturn/audit-position.json")
 AUDIT_NETWORKS = ("127.0.0.0/8", "::1/128")
-MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -520,7 +517,7 @@ AUDIT_ADDRESS = Check(_AUDIT_ADDRESS_EXPECTED, _audit_address)
 _ONLY_FOR = {"file": ("file", "prefix"), "socket": ("socket",)}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class UsageSettings(Table):
     """`[usage]`: who reads the published credentials, from Vault's audit log (keyturn.usage,
     docs/usage.md). source: "file" (keyturn tails `file`, Vault's file audit device, and
@@ -531,7 +528,7 @@ class UsageSettings(Table):
     credential (the rest count as `other`); consumer_labels: how many of those have a
     `consumer` label of their own in metrics."""
 
-    source: Annotated[UsageSource, ONE_OF]
+    source: UsageSource
     file: Annotated[Path | None, FS_PATH] = None
     prefix: Annotated[
         str | None, text('the audit device\'s prefix option, e.g. "vault-audit:"')
@@ -542,7 +539,7 @@ class UsageSettings(Table):
     learning: Annotated[float, MARGIN] = DAY
     rate_window: Annotated[float, duration(minimum=1.0, maximum=DAY)] = 300.0
     rate_factor: Annotated[
-        float, number("a number between 1 and 1000", lambda x: 1 <= x <= 1000)
+        float, number("a number between 1 and 1000", ge=1, le=1000)
     ] = 10.0
     rate_floor: Annotated[int, integer(1, 1_000_000)] = 100
     repeat: Annotated[float, duration(positive=True)] = HOUR
@@ -573,7 +570,7 @@ class UsageSettings(Table):
 # -- [[alerts]] -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class AlertHookConfig(Table):
     """`[[alerts]]`: one alert hook (see keyturn.alerts). The file's tables are its types below,
     each with its own `url` and without the keys it does not take. url: a reference, or
@@ -586,7 +583,7 @@ class AlertHookConfig(Table):
     type: AlertHookType
     url: SecretRef | None = None
     routing_key: SecretRef | None = None
-    min_severity: Annotated[AlertSeverity, ONE_OF] = "warning"
+    min_severity: AlertSeverity = "warning"
     detectors: Annotated[
         tuple[str, ...] | None,
         Names(
@@ -606,7 +603,7 @@ class AlertHookConfig(Table):
         ),
     ] = None
     rate_limit: Annotated[
-        float, number(f"a number of alerts per minute {RATE}", lambda x: 0 < x <= 1e4)
+        float, number(f"a number of alerts per minute {RATE}", gt=0, le=1e4)
     ] = 30.0
     repeat_interval: Annotated[float, duration(minimum=60.0)] = 4 * HOUR
     timeout: Annotated[float, TIMEOUT] = 10.0
@@ -614,14 +611,14 @@ class AlertHookConfig(Table):
     runbook_base: Annotated[str | None, RUNBOOK] = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class WebhookHookConfig(AlertHookConfig):
     type: Literal["webhook"]
     url: Annotated[SecretRef, url_or_reference("the URL alerts are POSTed to")]
     routing_key: Annotated[None, NOT_A_KEY] = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class SlackHookConfig(AlertHookConfig):
     """A Slack webhook URL is a secret (whoever has it can post): a reference only."""
 
@@ -636,14 +633,14 @@ class SlackHookConfig(AlertHookConfig):
     routing_key: Annotated[None, NOT_A_KEY] = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class PagerDutyHookConfig(AlertHookConfig):
     type: Literal["pagerduty"]
     url: Annotated[SecretRef | None, url_or_reference("the Events API v2 endpoint")] = None
     routing_key: Annotated[SecretRef, secret_reference('routing_key = "env:PAGERDUTY_ROUTING_KEY"')]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class AlertmanagerHookConfig(AlertHookConfig):
     type: Literal["alertmanager"]
     url: Annotated[
@@ -665,7 +662,7 @@ def _no_entries() -> Mapping[str, Any]:
     return MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, config=TABLE)
+@table(kw_only=True)
 class Config:
     """The whole configuration, validated. `source` is the file it came from."""
 
