@@ -89,37 +89,6 @@ async def test_consistent_reads_through_a_standby_see_every_write(
     print(f"\nthrough a standby: plain reads stale {stale_plain}/{ROUNDS}, consistent 0/{ROUNDS}")
 
 
-def test_raw_reads_and_cas_writes_through_a_standby_are_measured(
-    healthy_cluster: OpenBaoRaftCluster,
-) -> None:
-    """What keyturn saw before: every call sent to the standby itself. Printed, not judged:
-    stale reads after a write, and check-and-set writes refused although the version named
-    was the current one (the refusal that lost rotated refresh tokens)."""
-    standby = healthy_cluster.standbys()[0]
-    headers = {"X-Vault-Token": healthy_cluster.root_token}
-    url = f"{standby.address}/v1/secret/data/raw/{uuid.uuid4().hex[:12]}"
-    stale, refused, version = 0, 0, 0
-    with httpx.Client(headers=headers, timeout=10.0) as client:
-        for i in range(ROUNDS):
-            body = {"data": {"round": str(i)}, "options": {"cas": version}}
-            written = client.post(url, json=body)
-            if written.status_code != 200:
-                assert "check-and-set" in written.text
-                refused += 1
-                leader = healthy_cluster.leader().address
-                read = client.get(url.replace(standby.address, leader)).json()
-                version = read["data"]["metadata"]["version"]
-                continue
-            version = written.json()["data"]["version"]
-            read = client.get(url)  # a 404: the standby has not seen the first write yet
-            if read.status_code != 200 or read.json()["data"]["data"]["round"] != str(i):
-                stale += 1
-    print(
-        f"\nraw, through a standby: reads stale {stale}/{ROUNDS}, "
-        f"check-and-set refused with the current version {refused}/{ROUNDS}"
-    )
-
-
 async def test_a_real_conflict_is_still_reported(
     healthy_cluster: OpenBaoRaftCluster, standby_store: VaultStore
 ) -> None:
