@@ -15,7 +15,7 @@ from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import VaultUnavailable
 from keyturn.events import Failed, Suspicious
 from keyturn.jobs.build import build_job
-from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease
+from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease, lease_in_force
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
@@ -551,6 +551,24 @@ async def test_a_lease_that_ended_with_its_publish_does_not_hold_up_another_inst
     outcome = await world.refresher("i-2", probe=None).run(force=True)
     assert outcome.action == "refreshed"
     assert (await world.state()).token.writer == "i-2"
+
+
+async def test_a_lease_that_ended_with_its_publish_is_over_once_someone_wrote_on_top(
+    world: World,
+) -> None:
+    """A write on top of the version the lease ends with (someone else's, which the watcher
+    must report at once) does not make the lease hold again until its time."""
+    await world.refresher("i-1", probe=None).run()
+    state = await world.state()
+    assert state.lease.ends_with is not None and state.lease.held(world.clock.time())
+    now = world.clock.time()
+    assert not await lease_in_force(world.store, state, PUBLISHED, now)
+    world.store.external_write(PUBLISHED, {"access_token": "planted"})
+    assert not await lease_in_force(world.store, state, PUBLISHED, now)
+    earlier = dataclasses.replace(
+        state, lease=dataclasses.replace(state.lease, ends_with=state.lease.ends_with + 2)
+    )
+    assert await lease_in_force(world.store, earlier, PUBLISHED, now)  # not landed yet
 
 
 async def test_a_lease_whose_publish_never_landed_holds_until_its_time(world: World) -> None:

@@ -165,8 +165,10 @@ async def lease_in_force(
     store: KvStore, state: CredentialState, publish_to: str, now: float
 ) -> bool:
     """Whether a run holds the credential's lease: its time has not run out, and, for a lease
-    that ends with a publish (`LeaseRecord.ends_with`), that version has not landed at
-    `publish_to` yet (one metadata read; if it fails, the lease counts as held)."""
+    that ends with a publish (`LeaseRecord.ends_with`), `publish_to` is not yet at that version
+    (one metadata read; if it fails, the lease counts as held). A path past that version was
+    written since, by the run or by someone else on top of it: either way the run is over
+    (the watcher must see such a write at once, not once the lease has run out)."""
     lease = state.lease
     if not lease.held(now):
         return False
@@ -176,7 +178,7 @@ async def lease_in_force(
         published = await store.read_metadata(publish_to, consistent=True)
     except KeyturnError:
         return True
-    return published is None or published.current_version != lease.ends_with
+    return published is None or published.current_version < lease.ends_with
 
 
 class Journal:
