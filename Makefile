@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test check lint bench clean
 
 # keyturn (the daemon, with the test tools), keyturn-devkit (devkit/: the sandbox, the dev
 # servers and the test harnesses; never in `pip install .`) and the client library, in one
@@ -28,6 +28,12 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/pytest -n 3 --dist loadfile -m 'not serial'
 	$(BIN)/pytest -m serial
+
+# The quick loop while changing code: lint, types and the unit tests (fakes only, no servers).
+check: $(STAMP)
+	$(BIN)/ruff check src devkit tests bench clients
+	$(BIN)/mypy
+	$(BIN)/pytest -n 3 -q tests/unit
 
 lint: $(STAMP)
 	$(BIN)/ruff check src devkit tests bench clients
