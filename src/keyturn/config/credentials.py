@@ -44,8 +44,9 @@ from keyturn.config.fields import (
     described,
     duration,
     integer,
+    json_or_split,
     kv_path,
-    listed,
+    nonempty,
     number,
     refers_to,
     report,
@@ -85,9 +86,9 @@ _CONSUMERS_EXPECTED = (
 )
 
 
-def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
+def _consumers(value: object) -> tuple[str, ...]:
     names = []
-    for item in listed(value, from_env, _CONSUMERS_EXPECTED):
+    for item in nonempty(value, _CONSUMERS_EXPECTED):
         if (
             not isinstance(item, str)
             or not item.strip()
@@ -99,7 +100,7 @@ def _consumers(value: object, from_env: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers)
+CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers, json_or_split)
 
 
 @table(kw_only=True)

@@ -1,12 +1,13 @@
 """The value types of the configuration: how one TOML value (or an override's text) is read.
 
-A type is `Annotated[T, Check(...)]` on a field of a schema model (`keyturn.config.schema`).
-A `Check` holds what is expected (the text after "expected" in a problem line) and a
-`read(value, from_env)` that returns the typed value or raises `Invalid("<what was wrong>;
-expected <what>")`. It replaces pydantic's own coercion: `"8"` is not an integer and `1.0`
-not a boolean in the file. An override's text arrives as `EnvText` and is read by the key's
-type (`true`/`1`, numbers, a JSON array or "a,b" for lists). A type that may hold a secret
-never puts the value in a message.
+Plain values are pydantic's own types, strict (`"8"` is not an integer and `1` not a boolean
+in the file), with their constraints (`integer`, `number`, `text`: `Field(ge=…, le=…)`,
+`pattern`) and the words a problem line says they expect as the field's description. The
+project's own value types (durations, KV and HTTP paths, URLs, secret references, …) are
+`Annotated[T, Check(...)]`: what is expected (the text after "expected" in a problem line), a
+`read(value)` that returns the typed value or raises `Invalid("<what was wrong>; expected
+<what>")`, and how an override's text reads (`env`: "a,b" or a JSON array for a list). A type
+that may hold a secret never puts the value in a message.
 
 Every number has a range, and the message of a value outside it states the range, so that a
 typo such as `"100000000000d"` or `1e308` is refused at load rather than overflowing a timer.
@@ -87,10 +88,6 @@ class Invalid(Exception):
     """A value is wrong; the message is `<what was wrong>; expected <what>`, secret-free."""
 
 
-class EnvText(str):
-    """The text of a `KEYTURN_…` override, which each type reads by its own rules."""
-
-
 @dataclass(frozen=True, slots=True)
 class LoadContext:
     """What validation knows beyond one table (pydantic's validation context).
@@ -121,13 +118,19 @@ class Check:
     """One of the project's value types: what it `expected`s, and how it `read`s a TOML value
     or an override's text."""
 
-    def __init__(self, expected: str, read: Callable[[Any, bool], Any] | None = None) -> None:
+    def __init__(
+        self,
+        expected: str,
+        read: Callable[[Any], Any] | None = None,
+        env: Callable[[str], object] | None = None,
+    ) -> None:
         self.expected = expected
         self._read = read
+        self.from_env = env or (lambda text: text)  # an override's text, as the file's value
 
-    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> Any:
+    def read(self, value: Any, context: LoadContext | None) -> Any:
         assert self._read is not None
-        return self._read(value, from_env)
+        return self._read(value)
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -136,8 +139,7 @@ class Check:
 
     def value(self, value: Any, context: LoadContext | None = None) -> Any:
         """The typed value; Invalid if it is wrong."""
-        from_env = isinstance(value, EnvText)
-        return self.read(str(value) if from_env else value, from_env, context)
+        return self.read(value, context)
 
     def valid(self, value: Any) -> Any:
         """The typed value, or None if it is absent or wrong (a look at data not yet
@@ -184,6 +186,31 @@ def kind_of(value: object) -> str:
     return "a date/time"
 
 
+def split(text: str) -> list[str]:
+    """An override's "a,b" as an array."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def json_array(text: str) -> object:
+    """An override's JSON array (other text stays text, for the type to refuse)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def json_or_split(text: str) -> object:
+    """An override's JSON array, or "a,b"."""
+    return json_array(text) if text.strip().startswith("[") else split(text)
+
+
+def nonempty(value: object, expected: str) -> list[object]:
+    """A non-empty array."""
+    if not isinstance(value, list) or not value:
+        raise Invalid(f"got {describe(value)}; expected {expected}")
+    return value
+
+
 def _text(value: object, expected: str) -> str:
     if not isinstance(value, str):
         raise Invalid(f"got {describe(value)}; expected {expected}")
@@ -224,7 +251,7 @@ def number(
     )
 
 
-def _entry_name(value: object, _env: bool) -> str:
+def _entry_name(value: object) -> str:
     if not isinstance(value, str) or not NAME_RULE.fullmatch(value):
         raise Invalid(f"got {describe(value)}; expected {NAME_EXPECTED}")
     return value
@@ -252,7 +279,7 @@ def duration(
         bound = f"a duration between {low} and {high}"
     expected = f"{bound}: {DURATION_HELP}"
 
-    def read(value: object, _env: bool) -> float:
+    def read(value: object) -> float:
         try:
             seconds = parse_duration(value)
         except ValueError as exc:
@@ -277,7 +304,7 @@ def secret_reference(example: str) -> Check:
     """A `vault:`/`env:`/`file:` reference; an inline value is refused and never echoed."""
     expected = f"a reference: {REFERENCE_FORMS} (e.g. {example})"
 
-    def read(value: object, _env: bool) -> SecretRef:
+    def read(value: object) -> SecretRef:
         if not isinstance(value, str):
             raise Invalid(f"got {kind_of(value)}; expected {expected}")
         if not value.strip():
@@ -292,7 +319,7 @@ def secret_reference(example: str) -> Check:
     return Check(expected, read)
 
 
-def _reference_or_inline(value: object, _env: bool) -> SecretRef:
+def _reference_or_inline(value: object) -> SecretRef:
     result = _text(value, REFERENCE_OR_INLINE.expected)
     if not looks_like_reference(result):
         if _CONTROL.search(result):
@@ -304,7 +331,7 @@ def _reference_or_inline(value: object, _env: bool) -> SecretRef:
 REFERENCE_OR_INLINE = Check(f"a value or a reference: {REFERENCE_FORMS}", _reference_or_inline)
 
 
-def _url(value: object, _env: bool) -> str:
+def _url(value: object) -> str:
     expected = URL.expected
     result = _text(value, expected)
     # A URL with user info may carry a password: never echo it.
@@ -333,17 +360,14 @@ def _url(value: object, _env: bool) -> str:
 URL = Check("an https:// URL without ?query or #fragment", _url)
 
 
-def _urls(value: object, from_env: bool) -> tuple[str, ...]:
-    if from_env and isinstance(value, str):  # KEYTURN_VAULT_NODES="https://a,https://b"
-        value = [part.strip() for part in value.split(",") if part.strip()]
-    if not isinstance(value, list) or not value:
-        raise Invalid(f"got {describe(value)}; expected {URLS.expected}")
-    return tuple(dict.fromkeys(_url(item, from_env) for item in value))
+def _urls(value: object) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_url(item) for item in nonempty(value, URLS.expected)))
 
 
 URLS = Check(
     'a non-empty array of https:// URLs, e.g. ["https://vault-1:8200", "https://vault-2:8200"]',
     _urls,
+    split,  # KEYTURN_VAULT_NODES="https://a,https://b"
 )
 
 
@@ -357,7 +381,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _listen(value: object, _env: bool) -> tuple[str, int]:
+def _listen(value: object) -> tuple[str, int]:
     expected = LISTEN.expected
     result = _text(value, expected)
     host, sep, port_text = result.rpartition(":")
@@ -384,7 +408,7 @@ LISTEN = Check('host:port with a port 0-65535, e.g. "127.0.0.1:9797" or "[::1]:9
 def kv_path(expected: str) -> Check:
     """A Vault path relative to a mount: segments joined by single '/', no '.'/'..'."""
 
-    def read(value: object, _env: bool) -> str:
+    def read(value: object) -> str:
         result = _text(value, expected)
         if result.startswith("/"):
             raise Invalid(f'got {describe(result)}, which starts with "/"; expected {expected}')
@@ -432,7 +456,7 @@ def _http_path(value: object, expected: str) -> str:
     return result
 
 
-HTTP_PATH = Check(HTTP_PATH_EXPECTED, lambda value, _env: _http_path(value, HTTP_PATH_EXPECTED))
+HTTP_PATH = Check(HTTP_PATH_EXPECTED, lambda value: _http_path(value, HTTP_PATH_EXPECTED))
 
 
 def _listing(names: tuple[str, ...]) -> str:
@@ -456,7 +480,7 @@ def path_template(allowed: tuple[str, ...]) -> Check:
     """An HTTP path whose `{placeholders}` are among `allowed`."""
     expected = f"{HTTP_PATH_EXPECTED}; it may use {_listing(allowed)}"
 
-    def read(value: Any, _env: bool) -> str:
+    def read(value: Any) -> str:
         reason = http_path_problem(value) if isinstance(value, str) else ""
         if reason is not None or not value.strip():
             raise Invalid(f"got {describe(value)}{reason or ''}; expected {expected}")
@@ -478,7 +502,7 @@ def body_template(allowed: tuple[str, ...]) -> Check:
     """A JSON text with `{placeholders}` among `allowed` inside its strings (never echoed)."""
     expected = f'a JSON text, e.g. \'{{"name": "{{key_name}}"}}\'; it may use {_listing(allowed)}'
 
-    def read(value: object, _env: bool) -> str:
+    def read(value: object) -> str:
         if not isinstance(value, str) or not value.strip():
             shown = "an empty string" if isinstance(value, str) else kind_of(value)
             raise Invalid(f"got {shown}; expected {expected}")
@@ -498,7 +522,7 @@ def json_pointer(to: str, *, allow_root: bool = False) -> Check:
     root = ', or "" for the whole response' if allow_root else ""
     expected = f"a JSON pointer (RFC 6901) {to}{root}"
 
-    def read(value: object, _env: bool) -> str:
+    def read(value: object) -> str:
         if not isinstance(value, str) or (value == "" and not allow_root):
             shown = "an empty string" if value == "" else describe(value)
             raise Invalid(f"got {shown}; expected {expected}")
@@ -511,31 +535,23 @@ def json_pointer(to: str, *, allow_root: bool = False) -> Check:
     return Check(expected, read)
 
 
-def _from_env_json(value: object, from_env: bool) -> object:
-    if from_env and isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
-
-
-def _statuses(value: object, from_env: bool) -> tuple[int, ...]:
-    expected = STATUSES.expected
-    if from_env and isinstance(value, str) and re.fullmatch(r"[\d\s,]+", value):
-        value = [int(part) for part in value.split(",") if part.strip()]
-    value = _from_env_json(value, from_env)
-    if not isinstance(value, list) or not value:
-        raise Invalid(f"got {describe(value)}; expected {expected}")
-    for item in value:
+def _statuses(value: object) -> tuple[int, ...]:
+    expected, statuses = STATUSES.expected, []
+    for item in nonempty(value, expected):
         if isinstance(item, bool) or not isinstance(item, int) or not 100 <= item <= 599:
             raise Invalid(f"got {describe(item)} in the array; expected {expected}")
-    return tuple(dict.fromkeys(value))
+        statuses.append(item)
+    return tuple(dict.fromkeys(statuses))
+
+
+def _statuses_env(text: str) -> object:  # "200,201", or a JSON array
+    return [int(n) for n in split(text)] if re.fullmatch(r"[\d\s,]+", text) else json_array(text)
 
 
 STATUSES = Check(
     'a non-empty array of HTTP statuses (100-599), e.g. [200, 201] (in the environment "200,201")',
     _statuses,
+    _statuses_env,
 )
 
 
@@ -548,11 +564,8 @@ def command(example: str, *, from_env: bool = True) -> Check:
         f"in PATH, e.g. {example}" + (" (in the environment a JSON array)" if from_env else "")
     )
 
-    def read(value: object, env: bool) -> tuple[str, ...]:
-        value = _from_env_json(value, env)
-        if not isinstance(value, list) or not value:
-            raise Invalid(f"got {describe(value)}; expected {expected}")
-        for item in value:
+    def read(value: object) -> tuple[str, ...]:
+        for item in nonempty(value, expected):
             if not isinstance(item, str) or not item or "\x00" in item:
                 shown = describe(item)
                 if item == "":
@@ -560,6 +573,7 @@ def command(example: str, *, from_env: bool = True) -> Check:
                 elif isinstance(item, str):
                     shown = "a string with a NUL character"
                 raise Invalid(f"got {shown} in the array; expected {expected}")
+        assert isinstance(value, list)
         program = value[0]
         if "/" in program and not program.startswith("/"):
             raise Invalid(
@@ -567,7 +581,7 @@ def command(example: str, *, from_env: bool = True) -> Check:
             )
         return tuple(value)
 
-    return Check(expected, read)
+    return Check(expected, read, json_array if from_env else None)
 
 
 class FsPath(Check):
@@ -577,7 +591,7 @@ class FsPath(Check):
         expected = "a filesystem path (relative paths start at the configuration file's directory)"
         super().__init__(expected)
 
-    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> Path:
+    def read(self, value: Any, context: LoadContext | None) -> Path:
         result = _text(value, self.expected)
         if looks_like_reference(result):
             raise Invalid(f"got a reference; expected {self.expected}, not a reference")
@@ -594,7 +608,7 @@ _SINK_PATH_EXPECTED = (
 )
 
 
-def _sink_path(value: object, _env: bool) -> Path:
+def _sink_path(value: object) -> Path:
     expected = _SINK_PATH_EXPECTED
     if not isinstance(value, str):
         raise Invalid(f"got {describe(value)}; expected {expected}")
@@ -623,7 +637,7 @@ _MODE_EXPECTED = (
 )
 
 
-def _mode(value: object, _env: bool) -> int:
+def _mode(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         raise Invalid(
             f"got the number {describe(value)}; expected {_MODE_EXPECTED} (in quotes: a TOML "
@@ -652,13 +666,13 @@ def url_or_reference(what: str) -> Check:
     host). A refused URL is never echoed: it may hold a token."""
     expected = f"{what}: a reference ({REFERENCE_FORMS}) or an {URL.expected}"
 
-    def read(value: object, from_env: bool) -> SecretRef:
+    def read(value: object) -> SecretRef:
         if not isinstance(value, str):
             raise Invalid(f"got {kind_of(value)}; expected {expected}")
         if looks_like_reference(value):
             return _parsed(value)
         try:
-            url = _url(value, from_env)
+            url = _url(value)
         except Invalid:
             raise Invalid(
                 "got a string that is not a plain URL without user info, ?query or #fragment "
@@ -682,25 +696,14 @@ class Names(Check):
     def __init__(
         self, expected: str, what: str, known: tuple[str, ...] = (), section: str = ""
     ) -> None:
-        super().__init__(expected)
+        super().__init__(expected, env=json_or_split)
         self.what, self.known, self.section = what, known, section
 
-    def read(self, value: Any, from_env: bool, context: LoadContext | None) -> tuple[str, ...]:
+    def read(self, value: Any, context: LoadContext | None) -> tuple[str, ...]:
         known: list[str] | tuple[str, ...] | None = self.known
         if self.section:
             known = getattr(context, self.section) if context else None
-        if from_env:
-            stripped = value.strip()
-            if stripped.startswith("["):
-                try:
-                    value = json.loads(stripped)
-                except ValueError:
-                    raise Invalid(f"got {describe(value)}; expected {self.expected}") from None
-            else:
-                value = [part.strip() for part in stripped.split(",") if part.strip()]
-        if not isinstance(value, list) or not value:
-            raise Invalid(f"got {describe(value)}; expected {self.expected}")
-        for item in value:
+        for item in nonempty(value, self.expected):
             if not isinstance(item, str) or not NAME_RULE.fullmatch(item):
                 raise Invalid(f"got {describe(item)} in the array; expected {self.expected}")
             if known is not None and item not in known:
@@ -769,10 +772,10 @@ def state_prefix_overlap(publish_to: str, state_prefix: str) -> str | None:
 OUTSIDE_STATE_PREFIX = Rule(lambda path, context: state_prefix_overlap(path, context.state_prefix))
 
 
-def _runbook(value: object, from_env: bool) -> str:
+def _runbook(value: object) -> str:
     expected = RUNBOOK.expected
     try:
-        url = _url(value, from_env)
+        url = _url(value)
     except Invalid as exc:
         raise Invalid(str(exc).replace(URL.expected, expected)) from None
     if urlsplit(url).scheme != "https" and not is_loopback(urlsplit(url).hostname or ""):
@@ -785,22 +788,6 @@ RUNBOOK = Check(
     "without ?query or #fragment",
     _runbook,
 )
-
-
-def listed(value: object, from_env: bool, expected: str) -> list[object]:
-    """A non-empty array, or in the environment a JSON array or "a,b"."""
-    if from_env and isinstance(value, str):
-        stripped = value.strip()
-        if stripped.startswith("["):
-            try:
-                value = json.loads(stripped)
-            except ValueError:
-                raise Invalid(f"got {describe(value)}; expected {expected}") from None
-        else:
-            value = [part.strip() for part in stripped.split(",") if part.strip()]
-    if not isinstance(value, list) or not value:
-        raise Invalid(f"got {describe(value)}; expected {expected}")
-    return value
 
 
 # -- tables -------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ A key's variable is `KEYTURN_` and its key path in upper case, `_` between parts
 as `_` (`KEYTURN_VAULT_TIMEOUT`); an entry is picked by its name
 (`KEYTURN_CREDENTIALS_WEB_APP_REFRESH_MARGIN`). Which keys a table has comes from the schema,
 after its `method`, `type` or `kind`, which a variable may set too. A value goes into the data
-as `EnvText`, which the key's type reads by its own rules (`true`/`1`, "200,201", a JSON
+as the file's would be, read by the key's type (`true`/`1`, numbers, "200,201", a JSON
 array). Every variable of the namespace that sets no key is a problem, with the closest
 valid name when there is one.
 """
@@ -17,7 +17,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from keyturn.config.fields import EnvText
 from keyturn.config.keys import Node, field_node, keys
 from keyturn.config.schema import Config
 
@@ -50,11 +49,11 @@ def is_override(var: str) -> bool:
 
 
 def _reader(here: Node) -> Callable[[str], object]:
-    """How an override's text is read: by one of the project's types as `EnvText`, or for
-    pydantic's own as a TOML value would be (`true`/`1`, an integer, a finite number); text
-    that is not one stays text, for the key to refuse."""
+    """How an override's text is read: as the file's value would be, by its type (`true`/`1`,
+    an integer, a finite number, an array as the type reads one); text that is not one stays
+    text, for the key to refuse."""
     if here.check is not None:
-        return EnvText
+        return here.check.from_env
     kind = here.annotation
 
     def read(text: str) -> object:
@@ -176,7 +175,7 @@ class Overrides:
         prefix: str,
         loc: Loc,
         known: bool = True,
-        text: Callable[[str], object] = EnvText,
+        text: Callable[[str], object] = str,
     ) -> None:
         var = f"{prefix}_{env_name(key)}"
         if known:

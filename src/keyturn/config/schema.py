@@ -86,13 +86,15 @@ from keyturn.config.fields import (
     duration,
     integer,
     is_loopback,
+    json_or_split,
     json_pointer,
     kv_path,
-    listed,
+    nonempty,
     number,
     path_template,
     report,
     secret_reference,
+    split,
     table,
     text,
     url_or_reference,
@@ -275,9 +277,7 @@ OPEN_PATHS = ("/healthz", "/readyz")
 _OPEN_PATHS_EXPECTED = 'an array of "/healthz" and "/readyz", e.g. ["/healthz"]'
 
 
-def _open_paths(value: object, from_env: bool) -> tuple[str, ...]:
-    if from_env and isinstance(value, str):  # KEYTURN_METRICS_OPEN_PATHS="/healthz,/readyz"
-        value = [part.strip() for part in value.split(",") if part.strip()]
+def _open_paths(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise Invalid(f"got {describe(value)}; expected {_OPEN_PATHS_EXPECTED}")
     for item in value:
@@ -293,7 +293,7 @@ class MetricsTable(Table):
 
     listen: Annotated[tuple[str, int] | None, LISTEN] = None
     web_config: Annotated[Path | None, FS_PATH] = None
-    open_paths: Annotated[tuple[str, ...], Check(_OPEN_PATHS_EXPECTED, _open_paths)] = ()
+    open_paths: Annotated[tuple[str, ...], Check(_OPEN_PATHS_EXPECTED, _open_paths, split)] = ()
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.web_config is not None:
@@ -478,9 +478,9 @@ _NETWORKS_EXPECTED = (
 )
 
 
-def _networks(value: object, from_env: bool) -> tuple[str, ...]:
+def _networks(value: object) -> tuple[str, ...]:
     networks = []
-    for item in listed(value, from_env, _NETWORKS_EXPECTED):
+    for item in nonempty(value, _NETWORKS_EXPECTED):
         try:
             network = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
         except ValueError:
@@ -491,7 +491,7 @@ def _networks(value: object, from_env: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(networks))
 
 
-NETWORKS = Check(_NETWORKS_EXPECTED, _networks)
+NETWORKS = Check(_NETWORKS_EXPECTED, _networks, json_or_split)
 
 _AUDIT_ADDRESS_EXPECTED = (
     'where keyturn listens for Vault\'s socket audit device: "host:port" (e.g. '
@@ -499,7 +499,7 @@ _AUDIT_ADDRESS_EXPECTED = (
 )
 
 
-def _audit_address(value: object, from_env: bool) -> str:
+def _audit_address(value: object) -> str:
     if isinstance(value, str) and value.startswith("unix:"):
         path = value[len("unix:") :]
         if not path.startswith("/") or _CONTROL_CHARACTER.search(path) or len(path) > 107:
