@@ -3,8 +3,9 @@
     from keyturn.config import load_config
     config = load_config(Path("/etc/keyturn/keyturn.toml"))   # raises ConfigError
 
-See docs/configuration.md for every key. Modules: `schema` (the pydantic models: every key,
-type, default and Literal, and the objects the code reads), `fields` (the value types: how one
+See docs/configuration.md for every key. Modules: `schema` (the models: every key, type,
+default and Literal, and the objects the code reads), `credentials` (`[[credentials]]`, one
+model per kind), `fields` (the value types: how one
 value is read and what a problem line says), `load` (the file, entry names, pydantic's errors
 as problem lines), `overrides` (`KEYTURN_…` variables), `keys` (reading the schema: each
 table's keys), `templates` (an http rotator's templates and JSON pointers), `durations`, `webconfig`

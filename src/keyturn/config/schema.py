@@ -1,23 +1,25 @@
-"""The configuration's schema: one frozen pydantic dataclass per TOML table.
+"""The configuration's schema: one frozen dataclass per TOML table (`fields.table`), which
+pydantic validates when it reads a file and nothing judges when the code makes one.
 
 These models are the single source of truth for the file's keys (a field's name, or its
-`alias`), their types and ranges (`Annotated[T, <a check from keyturn.config.fields>]`), their
+`alias`), their types and ranges (pydantic's own, strict, with `Field(ge=…, le=…)`, or one of
+the project's value types, `Annotated[T, <a check from keyturn.config.fields>]`), their
 defaults and their `Literal`s. `keyturn.config.load` validates the file against `Config`:
 unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]`,
 `[[credentials]]` (`keyturn.config.credentials`) and `[[alerts]]` are discriminated unions on
-`method` / `type` / `kind`, each variant with its own keys. Where the
-file's shape differs from the object the code reads, `Via(<table>)` validates the table and
-`build()`s the object: `[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's
-policies), `create`/`revoke` (HttpCall), an alert hook (AlertHookConfig). Durations are float
-seconds; secret inputs are `SecretRef`s, never values.
+`method` / `type` / `kind`, each variant with its own keys. Where the file's shape differs
+from the object the code reads, `Via(<table>)` validates the table and `build()`s the object:
+`[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's policies),
+`create`/`revoke` (HttpCall). Durations are float seconds; secret inputs are `SecretRef`s,
+never values.
 
     Config ── keyturn: DaemonSettings, vault: VaultSettings (auth: TokenAuth | TokenFileAuth |
               AppRoleAuth | KubernetesAuth), metrics: MetricsSettings,
               providers: {name: ProviderConfig}, rotators: {name: HttpRotatorConfig (create,
               revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
-              credentials: (CredentialConfig: OAuthClientCredential | ApiKeyCredential
-                            (refresh, backoff, rotation: RotationPolicy,
-              sinks: (SinkConfig (on_publish: HookConfig), ...)), ...),
+              credentials: (OAuthClientCredential | ApiKeyCredential, each a CredentialConfig
+              (refresh, backoff, rotation: RotationPolicy, sinks: (SinkConfig (on_publish:
+              HookConfig), ...)), ...),
               alerts: (AlertHookConfig, ...), usage: UsageSettings | None
 """
 
