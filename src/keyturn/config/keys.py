@@ -92,7 +92,8 @@ def node(annotation: Any, metadata: list[Any] | None = None) -> Node:
     elif annotation is bool:
         expected = BOOLEAN_EXPECTED
     else:  # the words of `fields.text`, `integer` or `number`
-        expected = next((m.description for m in metadata if isinstance(m, FieldInfo)), None)
+        described = (m.description for m in metadata if isinstance(m, FieldInfo))
+        expected = next((text for text in described if text), None)
     return Node(annotation=annotation, expected=expected)
 
 
