@@ -294,24 +294,13 @@ class CredentialConfig(Table):
     ] = ()
     consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
 
-    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        """The rotator a rotation names must be able to rotate this kind's secret."""
+    def _rotator_in(self, context: LoadContext) -> tuple[str, str | None, bool] | None:
+        """The rotator `rotation` names, as the file declares it: its name, its type and
+        whether its templates use {client_id} (None without a rotation, or a guess)."""
         if self.rotation is None or context.rotators is None:
-            return
+            return None
         name = self.rotation.rotator
-        rotator_type, needs_client_id = context.rotators.get(name, (None, False))
-        if self.kind == "oauth_client" and rotator_type == "manual":
-            message = (
-                f'"{name}" is a manual rotator, which cannot rotate an oauth_client\'s secret; '
-                'expected an "http" or "exec" rotator'
-            )
-            yield ("rotation", "rotator"), message
-        if self.kind == "api_key" and needs_client_id:
-            message = (
-                f'"{name}" uses {{client_id}}, which an api_key credential does not have; '
-                "expected a rotator whose templates do not use {client_id}"
-            )
-            yield ("rotation", "rotator"), message
+        return name, *context.rotators.get(name, (None, False))
 
 
 def _only_for(kind: str, other: str, why: str) -> NotAKey:
@@ -319,10 +308,10 @@ def _only_for(kind: str, other: str, why: str) -> NotAKey:
     return NotAKey(f'not allowed for kind "{other}"{why}; expected it only with kind = "{kind}"')
 
 
+# Each kind below is self-contained (its keys, its rules, what it refuses), so that it can
+# move next to its kind's module; KINDS at the end lists them.
+
 _NOT_OAUTH = _only_for("api_key", "oauth_client", " (its secret is client_secret)")
-_NOT_API_KEY = _only_for(
-    "oauth_client", "api_key", ", which has no OAuth client and no token to refresh"
-)
 
 
 @table(kw_only=True)
@@ -354,7 +343,18 @@ class OAuthClientCredential(CredentialConfig):
                 "consumer reads it; expected wait_for_consumers only for an api_key"
             )
             yield ("rotation", "wait_for_consumers"), message
-        yield from CredentialConfig.problems(self, context)  # (slots: no bare super())
+        rotator = self._rotator_in(context)
+        if rotator is not None and rotator[1] == "manual":
+            message = (
+                f'"{rotator[0]}" is a manual rotator, which cannot rotate an oauth_client\'s '
+                'secret; expected an "http" or "exec" rotator'
+            )
+            yield ("rotation", "rotator"), message
+
+
+_NOT_API_KEY = _only_for(
+    "oauth_client", "api_key", ", which has no OAuth client and no token to refresh"
+)
 
 
 @table(kw_only=True)
@@ -390,7 +390,13 @@ class ApiKeyCredential(CredentialConfig):
                 "whose id this is) as well"
             )
             yield "initial_key_id", message
-        yield from CredentialConfig.problems(self, context)  # (slots: no bare super())
+        rotator = self._rotator_in(context)
+        if rotator is not None and rotator[2]:
+            message = (
+                f'"{rotator[0]}" uses {{client_id}}, which an api_key credential does not have; '
+                "expected a rotator whose templates do not use {client_id}"
+            )
+            yield ("rotation", "rotator"), message
 
 
 # Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).
