@@ -15,9 +15,10 @@ from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config
 from keyturn.errors import KeyturnError
 from keyturn.events import LoggingObserver, Observer, Observers
-from keyturn.jobs.build import JobSet, build_jobs, lease_seconds
+from keyturn.jobs.build import JobSet, lease_seconds
 from keyturn.jobs.job import Checkpoint, ConsumerHooks, CredentialJob, JobDeps, no_checkpoint
 from keyturn.jobs.rotation import KeyRotation
+from keyturn.kinds import build_jobs
 from keyturn.logs import get_logger
 from keyturn.references import ReferenceResolver
 from keyturn.vault.client import OnOperation

@@ -22,8 +22,8 @@ from keyturn.errors import (
     VaultUnavailable,
 )
 from keyturn.events import Failed, Suspicious
-from keyturn.jobs.build import build_job
 from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease
+from keyturn.kinds import build_job
 from keyturn.policy import (
     AFTER_EXPIRY_JITTER,
     URGENT_FLOOR,

@@ -30,8 +30,8 @@ from keyturn.events import (
     Suspicious,
     TokenRequest,
 )
-from keyturn.jobs.build import build_job
 from keyturn.jobs.job import JobDeps
+from keyturn.kinds import build_job
 from keyturn.observability import PrometheusObserver
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef

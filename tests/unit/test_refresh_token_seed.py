@@ -17,9 +17,9 @@ from keyturn.clock import FakeClock
 from keyturn.config import Config, CredentialConfig, ProviderConfig, parse_config
 from keyturn.errors import ConfigError, SecretReferenceError, VaultDataError, VaultUnavailable
 from keyturn.events import Suspicious
-from keyturn.jobs.build import build_job
 from keyturn.jobs.job import CredentialJob, JobDeps, Outcome
 from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh
+from keyturn.kinds import build_job
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef

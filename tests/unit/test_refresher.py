@@ -14,8 +14,8 @@ from keyturn.clock import FakeClock, parse_rfc3339
 from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import VaultUnavailable
 from keyturn.events import Failed, Suspicious
-from keyturn.jobs.build import build_job
 from keyturn.jobs.job import MIN_LEASE, CredentialJob, JobDeps, Journal, Lease, lease_in_force
+from keyturn.kinds import build_job
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef

@@ -13,9 +13,9 @@ from keyturn.clock import FakeClock
 from keyturn.config import CredentialConfig, ProviderConfig, RotationPolicy
 from keyturn.errors import ProviderUnavailable, RotationError, VaultUnavailable
 from keyturn.events import RotationStep, Suspicious
-from keyturn.jobs.build import build_job
 from keyturn.jobs.job import ConsumerHooks, ConsumersOnOld, CredentialJob, JobDeps, Journal
 from keyturn.jobs.rotation import CONSUMERS_NOT_MOVED, NO_MONITOR, KeyRotation
+from keyturn.kinds import build_job
 from keyturn.policy import BackoffPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import AwaitingManualKey, NewKey, RotationRequest

@@ -47,6 +47,7 @@ from keyturn.errors import (
     VerificationFailed,
 )
 from keyturn.hardening import harden_process
+from keyturn.kinds import kind_of
 from keyturn.kinds.oauth_client import revoke_verification_grant
 from keyturn.layout import state_path
 from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, SLACK_SHARE, slack, takeover_needed
@@ -185,7 +186,7 @@ def revocation_notes(config: Config) -> list[str]:
     answer was lost (a time-out, a dropped connection, a crash mid-request) may have rotated
     the refresh token at the provider; keyturn never presents it again, and with no revocation
     endpoint nothing ends that token's family (logged as `refresh_token.orphaned`)."""
-    used = {c.provider for c in config.credentials if c.kind == "oauth_client"}
+    used = {c.provider for c in config.credentials if kind_of(c).refreshes_tokens}
     return [
         f"note: providers[{name!r}] has no revoke_path: after a refresh whose answer was lost, "
         "the lost refresh token's family stays live at the provider until it expires or is "
@@ -221,7 +222,7 @@ async def takeover_notes(config: Config, store: KvStore) -> list[str]:
             return None
         return credential.name, (issued_at, expires_at, credential.refresh)
 
-    oauth = [c for c in config.credentials if c.kind == "oauth_client"]
+    oauth = [c for c in config.credentials if kind_of(c).value_expires]
     tokens = dict(found for found in await asyncio.gather(*map(token, oauth)) if found)
     notes = []
     for name, (issued_at, expires_at, policy) in tokens.items():

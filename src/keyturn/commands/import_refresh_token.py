@@ -30,6 +30,7 @@ from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal, Outcome
 from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh, valid_refresh_token
+from keyturn.kinds import kind_of
 from keyturn.runtime import Runtime
 from keyturn.secret import Secret
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if config is None or not credential_or_report(config, args.name, COMMAND):
         return 1
     harden_process()  # before any secret is read: keyturn.hardening
-    if config.credential(args.name).kind != "oauth_client":
+    if not kind_of(config.credential(args.name)).refreshes_tokens:
         print(
             f"keyturn {COMMAND}: {args.name} is an API key, which has no refresh token",
             file=sys.stderr,

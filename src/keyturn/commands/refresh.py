@@ -16,6 +16,7 @@ from keyturn.commands import load_or_report
 from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
 from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
+from keyturn.kinds import kind_of
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     if config is None or not credential_or_report(config, args.name, "refresh"):
         return 1
     harden_process()  # before any secret is read: keyturn.hardening
-    if config.credential(args.name).kind != "oauth_client":
+    if not kind_of(config.credential(args.name)).refreshes_tokens:
         print(f"keyturn refresh: {args.name} is an API key; use `keyturn rotate`", file=sys.stderr)
         return 1
     try:

@@ -33,6 +33,7 @@ from keyturn.config import Config, CredentialConfig
 from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import lease_in_force
+from keyturn.kinds import KINDS, kind_of
 from keyturn.layout import state_path
 from keyturn.members import gone_after, members_path, owner, read_members
 from keyturn.state import CredentialState
@@ -264,11 +265,11 @@ async def status_rows(
             state = CredentialState.from_data(entry.data, name) if entry else CredentialState()
         except KeyturnError as error:
             state, unreadable = CredentialState(), str(error)
-        token, journal = state.token, state.rotation
+        token, journal, kind = state.token, state.rotation, kind_of(credential)
         phase: str = UNKNOWN if unreadable is not None else token.phase
         # An access token expires; an API key past its rotation date still works.
         expired = token.expires_at is not None and token.expires_at <= clock.time()
-        if expired and credential.kind == "oauth_client":
+        if expired and kind.value_expires:
             phase = "expired"
         rotation = credential.rotation
         rotates_at: float | None = None
@@ -293,7 +294,7 @@ async def status_rows(
             refreshing=refreshing,
             owner=state.lease.owner or token.writer,
             published_version=token.published_version,
-            key_id=journal.key_id if credential.kind == "api_key" else None,
+            key_id=journal.key_id if kind.shows_key_id else None,
             rotation_phase=journal.phase if rotation is not None else None,
             rotates_at=rotates_at,
             rotation_error=journal.error if rotation is not None else None,
@@ -343,11 +344,11 @@ def expiry(row: StatusRow, now: float) -> str:
     `rotates in …` (and past that date, still working, its `rotation due … ago`)."""
     if row.expires_at is None:
         return "-"
-    future = row.expires_at > now
-    if row.kind == "api_key":
-        verb = "rotates" if future else "rotation due"
-    else:
-        verb = "expires" if future else "expired"
+    kind = KINDS.get(row.kind)
+    if kind is not None:
+        verb = kind.expiry_word(row.expires_at, now)
+    else:  # a kind this keyturn does not know (a row from another version's daemon)
+        verb = "expires" if row.expires_at > now else "expired"
     return f"{verb} {when(row.expires_at, now)}"
 
 

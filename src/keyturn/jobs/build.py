@@ -1,22 +1,21 @@
-"""From a configuration to jobs: one pooled client per provider, the rotators credentials use,
-each credential's inputs, and one job per credential (`build_job`, the one place a credential
-kind becomes a job).
+"""What the jobs of one configuration share and hold: a credential's inputs, resolved when a
+task asks (`CredentialInputs`), how long a lease lasts, and the `JobSet` of one configuration.
+
+Jobs are built by their credential's kind: `keyturn.kinds.build_jobs` (nothing in
+`keyturn.jobs` imports a kind).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import assert_never
 
 from keyturn.config import Config, CredentialConfig, ProviderConfig
 from keyturn.errors import SecretReferenceError
-from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
-from keyturn.kinds import api_key, oauth_client
+from keyturn.jobs.job import CredentialJob
 from keyturn.providers.client import ProviderClient
 from keyturn.references import ReferenceResolver
 from keyturn.rotators.base import Rotator
-from keyturn.rotators.build import build_rotator
 from keyturn.secret import Secret
 
 # Added to the longest provider timeout to make the lease: one step is a provider request,
@@ -70,24 +69,6 @@ class CredentialInputs:
         return await self._resolver.resolve(credential.initial_key), credential.initial_key_id
 
 
-def build_job(
-    credential: CredentialConfig,
-    client: ProviderClient,
-    rotator: Rotator | None,
-    inputs: Inputs,
-    deps: JobDeps,
-) -> CredentialJob:
-    """The job of one credential, as its kind defines it (`keyturn.kinds`). `rotator`: the
-    rotator its `rotation` names, if it has one."""
-    match credential.kind:
-        case "oauth_client":
-            return oauth_client.job(credential, client, rotator, inputs, deps)
-        case "api_key":
-            return api_key.job(credential, client, rotator, inputs, deps)
-        case _:  # pragma: no cover - the configuration admits no other kind
-            assert_never(credential.kind)
-
-
 @dataclass(frozen=True, slots=True)
 class JobSet:
     """Everything built from one configuration: provider clients, rotators, jobs.
@@ -105,36 +86,3 @@ class JobSet:
             await rotator.aclose()
         for client in self.clients.values():
             await client.aclose()
-
-
-async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver) -> JobSet:
-    """One pooled client per provider, the rotators credentials use, one job per credential.
-    Whatever was built is closed if a later part fails."""
-    built = JobSet(
-        config,
-        clients={
-            name: ProviderClient(provider, clock=deps.clock)
-            for name, provider in config.providers.items()
-        },
-    )
-    try:
-        used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
-        for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
-            built.rotators[name] = await build_rotator(
-                config.rotators[name],
-                providers=config.providers,
-                resolver=resolver,
-                clock=deps.clock,
-            )
-        for credential in config.credentials:
-            built.jobs[credential.name] = build_job(
-                credential,
-                built.clients[credential.provider],
-                built.rotators[credential.rotation.rotator] if credential.rotation else None,
-                CredentialInputs(credential, resolver),
-                deps,
-            )
-    except BaseException:
-        await built.aclose()
-        raise
-    return built

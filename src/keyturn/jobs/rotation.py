@@ -31,7 +31,7 @@ What verifying and publishing mean is the credential kind's (a `RotationTarget` 
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol, assert_never
 
 from keyturn.clock import rfc3339
@@ -46,7 +46,14 @@ from keyturn.rotators.base import AwaitingManualKey, RotationRequest, Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, RotationJournal
 
-__all__ = ["CHECKPOINTS", "Checkpoint", "KeyRotation", "RotationTarget", "no_checkpoint"]
+__all__ = [
+    "CHECKPOINTS",
+    "Checkpoint",
+    "KeyRotation",
+    "RotationRules",
+    "RotationTarget",
+    "no_checkpoint",
+]
 
 # The journal points a rotation passes, in order. After each one is stored, the rotation calls
 # the job's `checkpoint` (credential, point): a no-op in production; the crash tests inject one
@@ -68,6 +75,26 @@ def recheck_interval(policy: RotationPolicy) -> float:
     return min(60.0, max(1.0, policy.grace))
 
 
+@dataclass(frozen=True, slots=True)
+class RotationRules:
+    """What a credential kind's rotated key is, as far as the rotation's journal cares (each
+    kind declares its own: `keyturn.kinds.Kind.rotation`)."""
+
+    # Apps read the rotated key itself at `publish_to` (an API key): once published, the
+    # record's token part describes it (issued now, `expires_at` its rotate-after time).
+    publishes_rotated_value: bool
+    # The credential already runs on a key keyturn never held (a client secret from the
+    # inputs): its age is unknown, so the first rotation only starts counting it from then,
+    # and the first new key has that key to retire after `grace`.
+    starts_with_unheld_key: bool
+
+    @property
+    def waits_for_consumers(self) -> bool:
+        """Whether `wait_for_consumers` applies: only a published key has consumers that
+        Vault's audit log shows reading the old version."""
+        return self.publishes_rotated_value
+
+
 class RotationTarget(Protocol):
     """The thing being rotated, as its credential kind defines it (`keyturn.kinds`): how a new
     key is checked, whether apps read it, and what the rotator is told."""
@@ -75,6 +102,10 @@ class RotationTarget(Protocol):
     @property
     def credential(self) -> CredentialConfig:
         """Its configuration: name, provider, kind, `rotation` policy (set) and `backoff`."""
+
+    @property
+    def rules(self) -> RotationRules:
+        """What its kind's key is to the journal (`RotationRules`)."""
 
     async def verify(self, key: Secret) -> None:
         """Check a freshly created key against the service; raise VerificationFailed if it is
@@ -106,6 +137,7 @@ class KeyRotation:
         self.kind = credential.kind
         self.provider = credential.provider
         self.policy = credential.rotation
+        self.rules = target.rules
         self._backoff = credential.backoff
         self._target = target
         self._rotator = rotator
@@ -179,8 +211,9 @@ class KeyRotation:
 
     async def _begin(self, journal: Journal) -> None:
         rotation, now = journal.state.rotation, self._clock.time()
-        if rotation.key is None and rotation.key_created_at is None and self.kind == "oauth_client":
-            # The client secret in use came from the inputs; its age is unknown. Count from now.
+        unheld = self.rules.starts_with_unheld_key
+        if rotation.key is None and rotation.key_created_at is None and unheld:
+            # The key in use came from the inputs; its age is unknown. Count from now.
             self._stage(journal, replace(rotation, key_created_at=now, id="baseline"))
             return
         initial = await self._target.initial_key() if rotation.key is None else None
@@ -264,12 +297,12 @@ class KeyRotation:
         if published is not None:
             token = replace(token, published_version=published)
             await self._checkpoint(self.credential, "published")
-        if self.kind == "api_key":  # what apps read is the key: its record is the token's
+        if self.rules.publishes_rotated_value:  # apps read the key: its record is the token's
             rotate_after = now + self.policy.max_age
             token = replace(
                 token, phase="ok", last_success=now, issued_at=now, expires_at=rotate_after
             )
-        had_previous = rotation.key is not None or self.kind == "oauth_client"
+        had_previous = rotation.key is not None or self.rules.starts_with_unheld_key
         current = replace(
             rotation,
             key=rotation.pending_key,
@@ -330,7 +363,7 @@ class KeyRotation:
         new key was published. Waiting is staged in the journal (who, why, when to ask
         again); at `max_grace` the key is revoked anyway and the consumers on it named."""
         policy = self.policy
-        if not policy.wait_for_consumers or self.kind != "api_key":
+        if not policy.wait_for_consumers or not self.rules.waits_for_consumers:
             return False
         rotation = journal.state.rotation
         old = rotation.previous_version

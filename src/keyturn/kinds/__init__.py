@@ -1,10 +1,18 @@
-"""One module per credential kind: the tasks its job runs, what its rotation replaces (its
-`RotationTarget`), and what apps read.
+"""One module per credential kind, each declaring its `Kind` (`keyturn.kinds.base`): what it
+publishes and which field is its value, its expiry and its plan; its tasks and its rotation
+target; how `keyturn status` words it. The registry (`keyturn.kinds.registry`) lists them once;
+code outside this package asks `kind_of(credential)` or `KINDS[name]` and never compares a
+kind's name.
 
 - `api_key` (`keyturn.kinds.api_key`): rotation, and `republish` (forced only).
 - `oauth_client` (`keyturn.kinds.oauth_client`): the token refresh, then a client-secret
   rotation when `rotation` is configured.
 
-Each module has one `job(credential, client, rotator, inputs, deps)`. Adding a kind is one
-new module here plus one `case` in `keyturn.jobs.build.build_job`.
+Dependencies point one way: kinds use the job machinery (`keyturn.jobs`); nothing in
+`keyturn.jobs` imports a kind.
 """
+
+from keyturn.kinds.base import Kind
+from keyturn.kinds.registry import KINDS, REGISTERED, build_job, build_jobs, kind_of
+
+__all__ = ["KINDS", "REGISTERED", "Kind", "build_job", "build_jobs", "kind_of"]

@@ -14,19 +14,24 @@ from keyturn.config import CredentialConfig
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
-from keyturn.jobs.rotation import KeyRotation
+from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import publish_with_cas, verify_with_probe
+from keyturn.kinds.base import Kind
 from keyturn.layout import api_key_published_fields, published_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
 
-KIND = "api_key"
+NAME = "api_key"
+# Apps read the key itself; there is no key before keyturn's first (or the adopted initial_key).
+ROTATION = RotationRules(publishes_rotated_value=True, starts_with_unheld_key=False)
 
 
 class ApiKeyTarget:
     """The `RotationTarget` of an API key: verified with the probe, published where apps read."""
+
+    rules = ROTATION
 
     def __init__(
         self, credential: CredentialConfig, client: ProviderClient, inputs: Inputs, deps: JobDeps
@@ -85,7 +90,7 @@ class ApiKeyTarget:
             provider=provider,
             report=report,
         )
-        self._deps.observer(Published(name, provider, KIND, created_at, rotate_after))
+        self._deps.observer(Published(name, provider, NAME, created_at, rotate_after))
         return version
 
     async def client_id(self) -> str | None:
@@ -141,3 +146,19 @@ def job(
     return CredentialJob(
         credential, [KeyRotation(target, rotator, deps), RepublishKey(target)], deps
     )
+
+
+KIND = Kind(
+    name=NAME,
+    value_field="api_key",
+    expiry_field="rotate_after",
+    plan_field="rotate_after",
+    secret_fields=frozenset({"api_key", "authorization"}),
+    published_fields=api_key_published_fields,
+    value_expires=False,
+    refreshes_tokens=False,
+    run_now_forces=RepublishKey.name,
+    rotation=ROTATION,
+    job=job,
+    expiry_words=("rotates", "rotation due"),
+)

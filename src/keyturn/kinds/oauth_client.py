@@ -15,8 +15,10 @@ from keyturn.config import CredentialConfig
 from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
 from keyturn.jobs.refresh import ProbeAgain, TokenRefresh
-from keyturn.jobs.rotation import KeyRotation
+from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import verify_with_probe
+from keyturn.kinds.base import Kind
+from keyturn.layout import oauth_published_fields
 from keyturn.logs import get_logger
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import TokenResponse
@@ -26,9 +28,15 @@ from keyturn.state import CredentialState
 
 log = get_logger("keyturn.kinds")
 
+NAME = "oauth_client"
+# A client secret is never published; the one in use at first came from the inputs.
+ROTATION = RotationRules(publishes_rotated_value=False, starts_with_unheld_key=True)
+
 
 class ClientSecretTarget:
     """The `RotationTarget` of a client secret: verified by a grant with it, never published."""
+
+    rules = ROTATION
 
     def __init__(
         self, credential: CredentialConfig, client: ProviderClient, inputs: Inputs, deps: JobDeps
@@ -129,3 +137,19 @@ def job(
         # Last: a refresh in the same run replaces an unverified token (and clears the mark).
         tasks.append(ProbeAgain(credential, client, deps))
     return CredentialJob(credential, tasks, deps)
+
+
+KIND = Kind(
+    name=NAME,
+    value_field="access_token",
+    expiry_field="expires_at",
+    plan_field="refresh_at",
+    secret_fields=frozenset({"access_token", "authorization"}),
+    published_fields=oauth_published_fields,
+    value_expires=True,
+    refreshes_tokens=True,
+    run_now_forces=TokenRefresh.name,
+    rotation=ROTATION,
+    job=job,
+    expiry_words=("expires", "expired"),
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from keyturn import kinds
 from keyturn.events import NO_ANSWER
 from keyturn.providers.tokens import KNOWN_OAUTH_ERRORS
 from keyturn.vault.client import VAULT_OPERATIONS, VAULT_RESULTS
@@ -246,7 +247,7 @@ TOKEN_OUTCOMES = frozenset(
     {"success", OTHER, "http_5xx", "network", "rate_limited", "malformed", *KNOWN_OAUTH_ERRORS}
 )
 GRANT_TYPES = frozenset({"client_credentials", "refresh_token"})
-KINDS = frozenset({"oauth_client", "api_key"})
+KINDS = frozenset(kinds.KINDS)  # every registered credential kind
 PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", "no_answer", OTHER})
 RETRY_AFTER_OUTCOMES = frozenset({"honoured", "shortened", "overridden"})
 ROTATION_RESULTS = frozenset(

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from keyturn.clock import Clock, rfc3339
 from keyturn.errors import KeyturnError
+from keyturn.kinds import KINDS
 from keyturn.scheduler import JobView
 
 Alive = Callable[[], tuple[bool, str]]
@@ -31,13 +32,10 @@ class JobStatuses(Protocol):
 
 
 def value_ready(kind: str, issued_at: float | None, expires_at: float | None, now: float) -> bool:
-    """Can apps use the published value now? An access token is valid until it expires. An
-    API key does not expire by time (its `expires_at` is the rotate-after time): once
-    published it works until keyturn retires it, even past its rotation date (an overdue
-    rotation is its own alert)."""
-    if kind == "api_key":
-        return issued_at is not None
-    return expires_at is not None and expires_at > now
+    """Can apps use the published value of a credential of `kind` now? As the kind says
+    (`keyturn.kinds.Kind.value_ready`): an access token until it expires, an API key once
+    published."""
+    return KINDS[kind].value_ready(issued_at, expires_at, now)
 
 
 def credential_problems(jobs: Iterable[JobView], now: float) -> list[str]:

@@ -1,0 +1,99 @@
+"""`Kind`: everything keyturn's generic code asks about a credential kind, declared once by the
+kind's own module (`keyturn.kinds.oauth_client.KIND`, `keyturn.kinds.api_key.KIND`) and found
+through the registry (`keyturn.kinds.KINDS`, `keyturn.kinds.kind_of`).
+
+Dependencies point one way: a kind uses the job machinery (`keyturn.jobs`), never the other
+way round; what a rotation needs to know of the kind reaches it as `RotationRules` through the
+kind's `RotationTarget`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from keyturn.config import CredentialConfig
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
+from keyturn.jobs.rotation import RotationRules
+from keyturn.providers.client import ProviderClient
+from keyturn.rotators.base import Rotator
+from keyturn.secret import Secret
+
+
+class JobBuilder(Protocol):
+    """A kind's job: its tasks, in the order they run (`rotator`: the one its `rotation`
+    names, if it has one)."""
+
+    def __call__(
+        self,
+        credential: CredentialConfig,
+        client: ProviderClient,
+        rotator: Rotator | None,
+        inputs: Inputs,
+        deps: JobDeps,
+    ) -> CredentialJob: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """One credential kind, as the code outside `keyturn.kinds` asks about it."""
+
+    # The `kind` key's value in the configuration, in events and metric labels.
+    name: str
+
+    # -- what apps read at `publish_to` (keyturn.layout) ------------------------------------
+    # The field holding the value apps use ("access_token", "api_key").
+    value_field: str
+    # The field saying until when that value is good, as RFC 3339 ("expires_at" for a token;
+    # "rotate_after" for a key, which outlives it until keyturn retires it).
+    expiry_field: str
+    # The field saying when keyturn plans to replace the value, so readers plan re-reads.
+    plan_field: str
+    # The fields that carry a secret (never logged, written only to a sink's secret files).
+    secret_fields: frozenset[str]
+    # The published data, from the kind's own values (`keyturn.layout`).
+    published_fields: Callable[..., dict[str, str | Secret]]
+    # Whether the published value stops working at its expiry (an access token). If not (an
+    # API key), it works until keyturn retires it, even past its rotation date: readiness
+    # asks only that one was published, `status` says "rotation due" rather than "expired",
+    # and how long a token lasts (takeover, `keyturn check`) does not apply to it.
+    value_expires: bool
+
+    # -- its tasks ---------------------------------------------------------------------------
+    # Whether its job keeps an OAuth token fresh from the provider's token endpoint, with a
+    # refresh token: `keyturn refresh` and `keyturn import-refresh-token` apply, and
+    # `keyturn check` holds its provider to the token endpoint's rules.
+    refreshes_tokens: bool
+    # The task a run-now (the watcher found what apps read changed by someone else) forces:
+    # a new token ("refresh"), or the current key put back ("republish").
+    run_now_forces: str
+    # What its rotation's journal needs to know of its key (`keyturn.jobs.rotation`).
+    rotation: RotationRules
+    # Its job (`JobBuilder`).
+    job: JobBuilder
+
+    # -- how `keyturn status` words it -------------------------------------------------------
+    # The EXPIRY column before and after `expiry_field`'s time: "expires"/"expired",
+    # "rotates"/"rotation due".
+    expiry_words: tuple[str, str]
+
+    @property
+    def shows_key_id(self) -> bool:
+        """Whether `status` shows the rotation's key id: the id of the key apps read, so only
+        for a kind that publishes its rotated key (a client secret's id is its own business)."""
+        return self.rotation.publishes_rotated_value
+
+    def value_ready(self, issued_at: float | None, expires_at: float | None, now: float) -> bool:
+        """Can apps use the published value now? One that expires (an access token) is valid
+        until it does; one that does not (an API key: `expires_at` is its rotate-after time)
+        works once published, until keyturn retires it (an overdue rotation is its own
+        alert)."""
+        if not self.value_expires:
+            return issued_at is not None
+        return expires_at is not None and expires_at > now
+
+    def expiry_word(self, expires_at: float, now: float) -> str:
+        """`status`'s verb for `expires_at`: before it, or once it has passed."""
+        before, after = self.expiry_words
+        return before if expires_at > now else after

@@ -1,0 +1,77 @@
+"""The registry of credential kinds, and from a configuration to jobs: each credential's job
+as its kind builds it (`build_job`), and every job of a `Config` with the provider clients
+and rotators they share (`build_jobs`).
+
+Adding a kind is one module beside this one declaring its `Kind`, and its `KIND` in
+`REGISTERED`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from keyturn.config import Config, CredentialConfig
+from keyturn.jobs.build import CredentialInputs, JobSet
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
+from keyturn.kinds import api_key, oauth_client
+from keyturn.kinds.base import Kind
+from keyturn.providers.client import ProviderClient
+from keyturn.references import ReferenceResolver
+from keyturn.rotators.base import Rotator
+from keyturn.rotators.build import build_rotator
+
+# Every kind, once.
+REGISTERED: tuple[Kind, ...] = (oauth_client.KIND, api_key.KIND)
+
+KINDS: Mapping[str, Kind] = MappingProxyType({kind.name: kind for kind in REGISTERED})
+
+
+def kind_of(credential: CredentialConfig) -> Kind:
+    """The kind of a configured credential (the configuration admits only registered ones)."""
+    return KINDS[credential.kind]
+
+
+def build_job(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    rotator: Rotator | None,
+    inputs: Inputs,
+    deps: JobDeps,
+) -> CredentialJob:
+    """The job of one credential, as its kind builds it. `rotator`: the rotator its
+    `rotation` names, if it has one."""
+    return kind_of(credential).job(credential, client, rotator, inputs, deps)
+
+
+async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver) -> JobSet:
+    """One pooled client per provider, the rotators credentials use, one job per credential.
+    Whatever was built is closed if a later part fails."""
+    built = JobSet(
+        config,
+        clients={
+            name: ProviderClient(provider, clock=deps.clock)
+            for name, provider in config.providers.items()
+        },
+    )
+    try:
+        used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
+        for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
+            built.rotators[name] = await build_rotator(
+                config.rotators[name],
+                providers=config.providers,
+                resolver=resolver,
+                clock=deps.clock,
+            )
+        for credential in config.credentials:
+            built.jobs[credential.name] = build_job(
+                credential,
+                built.clients[credential.provider],
+                built.rotators[credential.rotation.rotator] if credential.rotation else None,
+                CredentialInputs(credential, resolver),
+                deps,
+            )
+    except BaseException:
+        await built.aclose()
+        raise
+    return built
