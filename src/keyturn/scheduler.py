@@ -7,14 +7,16 @@ scheduler's instance bookkeeping does. Misfired jobs run at once (misfire_grace_
 APScheduler's default of 1 s would silently drop a late job) and are coalesced.
 
 With several instances (`keyturn.members`) the scheduler plans only this instance's share:
-`owns` says which credentials are in it, and `reassign` follows it when it moves.
+`owns` says which credentials are in it, and `reassign` follows it when it moves. Housekeeping
+(keyturn's own token, heartbeats, sweeps) is not planned here but beside it, on the monotonic
+clock (`keyturn.housekeeping`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -96,10 +98,9 @@ class CredentialScheduler:
             timezone=UTC,
             job_defaults={"misfire_grace_time": None, "coalesce": True, "max_instances": 4},
         )
-        self._periodic: dict[str, Callable[[], Awaitable[float]]] = {}
         # Credentials whose last run failed on Vault (down, sealed, token refused): they run
-        # again as soon as Vault answers (`wake`), not when their backoff ends.
-        self.waiting_for_vault: set[str] = set()
+        # again as soon as Vault answers (`vault_back`), not when their backoff ends.
+        self._waiting_for_vault: set[str] = set()
         self.runs_finished = 0  # (the saved plan is written again only when this moved)
         self._owns: Callable[[str], bool] = lambda _name: True
         self._owned: set[str] = set(self._jobs)  # the share: only these are planned
@@ -128,6 +129,12 @@ class CredentialScheduler:
         ]
 
     @property
+    def waiting_for_vault(self) -> frozenset[str]:
+        """The credentials whose last run failed because Vault was down, sealed or refused
+        keyturn's token."""
+        return frozenset(self._waiting_for_vault)
+
+    @property
     def owned(self) -> frozenset[str]:
         """The credentials in this instance's share."""
         return frozenset(self._owned)
@@ -153,16 +160,7 @@ class CredentialScheduler:
                 status = self._status[name]
                 status.last_outcome, status.finished_at = saved
             self._plan(name, saved[0].next_due if saved is not None else now)
-        for name in self._periodic:
-            self._plan_periodic(name, now)
         self._scheduler.start()
-
-    def add_periodic(self, name: str, body: Callable[[], Awaitable[float]]) -> None:
-        """A housekeeping job (e.g. renewing keyturn's own Vault token) that returns the
-        seconds until it wants to run again."""
-        self._periodic[name] = body
-        if self._scheduler.running:
-            self._plan_periodic(name, self._clock.time())
 
     def reassign(self) -> dict[str, list[str]]:
         """The share moved (`owns` answers anew): credentials that came into it run now (each
@@ -175,7 +173,7 @@ class CredentialScheduler:
             self._status[name].next_due = None
             if self._scheduler.get_job(f"credential:{name}") is not None:
                 self._scheduler.remove_job(f"credential:{name}")
-        self.waiting_for_vault.difference_update(removed)
+        self._waiting_for_vault.difference_update(removed)
         now = self._clock.time()
         for name in added:
             self._plan(name, now)
@@ -198,6 +196,7 @@ class CredentialScheduler:
         rerun = sorted((set(changed) & set(new)) - set(added))
         self._jobs = new
         self._owned = {name for name in new if self._owns(name)}
+        self._waiting_for_vault.intersection_update(new)
         for name in removed:
             self._status.pop(name, None)
             if self._scheduler.get_job(f"credential:{name}") is not None:
@@ -221,15 +220,17 @@ class CredentialScheduler:
             self._plan(name, now + index * spacing)
         return planned
 
+    def vault_back(self) -> list[str]:
+        """Vault answers again: the credentials whose last run failed on it run now, instead of
+        when their backoff ends. Returns the names planned."""
+        waiting, self._waiting_for_vault = sorted(self._waiting_for_vault), set()
+        return self.wake(waiting)
+
     def replan(self) -> None:
         """After a wall-clock jump every timer set before it is wrong, and so may be every time
         a plan was computed from: each credential runs now (reading its record, it plans again
-        against the clock as it is now; the semaphore bounds the burst), and each housekeeping
-        job too."""
+        against the clock as it is now; the semaphore bounds the burst)."""
         self.wake([name for name, status in self._status.items() if not status.running])
-        now = self._clock.time()
-        for name in self._periodic:
-            self._plan_periodic(name, now)
 
     async def drain(self, timeout: float) -> bool:
         """Wait up to `timeout` for the runs in progress now to finish; True if they did."""
@@ -309,35 +310,8 @@ class CredentialScheduler:
             status.last_outcome, status.finished_at = outcome, self._clock.time()
             self.runs_finished += 1
             if isinstance(outcome.error, (VaultUnavailable, VaultAuthError)):
-                self.waiting_for_vault.add(name)
+                self._waiting_for_vault.add(name)
             else:
-                self.waiting_for_vault.discard(name)
+                self._waiting_for_vault.discard(name)
             self._plan(name, outcome.next_due)
             return outcome
-
-    def _plan_periodic(self, name: str, due: float) -> None:
-        if not self._accepting:
-            return
-        self._scheduler.add_job(
-            self._fire_periodic,
-            trigger=DateTrigger(run_date=self._run_date(due)),
-            args=[name],
-            id=f"periodic:{name}",
-            name=name,
-            replace_existing=True,
-        )
-
-    async def _fire_periodic(self, name: str) -> None:
-        try:
-            delay = await self._periodic[name]()
-        except asyncio.CancelledError:
-            if self._accepting:
-                raise
-            # The daemon is stopping (`shutdown` cancels housekeeping in progress, e.g. a
-            # sweep, which has nothing to finish): not an error for the log.
-            self._log.info("periodic.stopped", job=name)
-            return
-        except Exception as exc:
-            self._log.exception("periodic.failed", job=name, error=type(exc).__name__)
-            delay = 30.0
-        self._plan_periodic(name, self._clock.time() + max(1.0, delay))

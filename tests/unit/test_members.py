@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 
 from keyturn.clock import FakeClock
 from keyturn.config import parse_config
-from keyturn.daemon import ShareKeeper, background
 from keyturn.errors import VaultUnavailable
+from keyturn.housekeeping import ShareKeeper
 from keyturn.jobs.job import Outcome
 from keyturn.members import (
     MIN_TAKEOVER,
@@ -584,19 +584,3 @@ async def test_the_share_keeper_derives_the_need_from_its_shares_tokens() -> Non
     entry = read_members(await store.read(members_path("keyturn/state")), "members")["k0"]
     assert (entry.takeover, entry.needs) == (pytest.approx(5.0), pytest.approx(5.0))
     assert told == [1]
-
-
-async def test_the_daemons_beat_loop_asks_for_its_interval_before_each_wait() -> None:
-    """`background` takes the interval as a function: a takeover that changed at a beat sets
-    the wait before the next one."""
-    intervals = [0.001]
-    beats = 0
-
-    async def beat() -> None:
-        nonlocal beats
-        beats += 1
-        intervals.append(3600.0)  # the takeover moved: the next wait is long
-
-    async with background((lambda: intervals[-1], beat)):
-        await asyncio.sleep(0.2)
-    assert beats == 1

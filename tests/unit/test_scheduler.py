@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass, field
-
-from structlog.testing import capture_logs
 
 from keyturn.clock import SystemClock
 from keyturn.jobs.job import Outcome
@@ -119,22 +116,6 @@ async def test_shutdown_waits_for_in_flight_runs() -> None:
     assert job.runs == runs  # nothing starts after shutdown
 
 
-async def test_periodic_jobs_run_at_the_delay_they_ask_for() -> None:
-    calls: list[float] = []
-
-    async def maintain() -> float:
-        calls.append(CLOCK.time())
-        return 0.0  # asks for "now": the scheduler still waits at least 1 s
-
-    scheduler = CredentialScheduler([], clock=CLOCK)
-    scheduler.add_periodic("vault-token", maintain)
-    scheduler.start()
-    await wait_until(lambda: len(calls) >= 1)
-    await asyncio.sleep(0.3)
-    await scheduler.shutdown(timeout=5)
-    assert len(calls) == 1
-
-
 @dataclass
 class Flaky:
     """A job whose first run publishes version 7 and whose later runs crash."""
@@ -189,26 +170,3 @@ async def test_only_the_share_is_planned_and_a_moved_share_is_followed() -> None
     assert jobs["a"].runs <= runs_of_a + 1  # at most the run in progress when it left
     assert scheduler.owned == frozenset({"b", "c"})
     assert scheduler.status_of("a") is not None and scheduler.status_of("a").next_due is None
-
-
-async def test_housekeeping_cut_by_shutdown_is_no_error(caplog) -> None:
-    """A sweep still going when the daemon stops is cancelled: nothing is logged as an error
-    (APScheduler logs a cancelled job as one that raised)."""
-    started = asyncio.Event()
-
-    async def sweep() -> float:
-        started.set()
-        await asyncio.sleep(3600)
-        return 300.0
-
-    scheduler = CredentialScheduler([], clock=CLOCK)
-    scheduler.add_periodic("watch", sweep)
-    scheduler.start()
-    await asyncio.wait_for(started.wait(), 5)
-    with capture_logs() as logs:
-        await scheduler.shutdown(timeout=5)
-        await asyncio.sleep(0.05)  # the cancelled job's task ends
-
-    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
-    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
-    assert {"event": "periodic.stopped", "job": "watch", "log_level": "info"} in logs
