@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 from collections import defaultdict
@@ -34,21 +35,17 @@ from dataclasses import dataclass, field
 import httpx
 
 from keyturn.alerts.build import build_hooks
-from keyturn.clock import SystemClock, rfc3339
+from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig, HttpRotatorConfig
 from keyturn.config.fields import is_loopback
 from keyturn.errors import (
     KeyturnError,
-    OAuthError,
-    ProviderError,
     SecretReferenceError,
     VaultError,
-    VerificationFailed,
 )
 from keyturn.hardening import harden_process
 from keyturn.kinds import kind_of
-from keyturn.kinds.oauth_client import revoke_verification_grant
 from keyturn.layout import state_path
 from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, SLACK_SHARE, slack, takeover_needed
 from keyturn.policy import RefreshPolicy
@@ -375,12 +372,14 @@ class _Unresolved(Exception):
 
 
 async def _check_live(config: Config, store: VaultStore, report: Report) -> None:
-    """Use each credential as the daemon would, and nothing more: a client_credentials token
-    request (never the refresh token keyturn holds: using it would rotate it) and the probe
-    for an oauth_client, the probe with the current key for an api_key. Nothing is published,
-    no state record is written, no alert is raised (no observer is given anything), and the
-    token obtained is revoked (RFC 7009) where the provider offers it."""
+    """Use each credential as the daemon would, and nothing more, as its kind says
+    (`keyturn.kinds.Kind.live_check`): a client_credentials token request (never the refresh
+    token keyturn holds: using it would rotate it) and the probe for an oauth_client, the
+    probe with the current key for an api_key. Nothing is published, no state record is
+    written, no alert is raised (no observer is given anything), and the token obtained is
+    revoked (RFC 7009) where the provider offers it."""
     resolver = ReferenceResolver(os.environ, store)
+    resolve = functools.partial(_resolve, resolver)
     clock = SystemClock()
     clients = {
         name: ProviderClient(provider, clock=clock) for name, provider in config.providers.items()
@@ -394,10 +393,7 @@ async def _check_live(config: Config, store: VaultStore, report: Report) -> None
                     state_path(config.keyturn.state_prefix, credential.name), consistent=True
                 )
                 state = CredentialState.from_data(entry.data, credential.name) if entry else None
-                if credential.kind == "api_key":
-                    note = await _live_api_key(credential, client, resolver, state)
-                else:
-                    note = await _live_oauth(credential, client, resolver, state)
+                note = await kind_of(credential).live_check(credential, client, resolve, state)
             except _Unresolved:
                 continue
             except KeyturnError as error:
@@ -414,98 +410,6 @@ async def _resolve(resolver: ReferenceResolver, ref: SecretRef) -> Secret:
         return await resolver.resolve(ref)
     except (SecretReferenceError, VaultError) as error:
         raise _Unresolved from error
-
-
-async def _live_oauth(
-    credential: CredentialConfig,
-    client: ProviderClient,
-    resolver: ReferenceResolver,
-    state: CredentialState | None,
-) -> str:
-    assert credential.client_id is not None
-    assert credential.client_secret is not None
-    client_id = (await _resolve(resolver, credential.client_id)).reveal()
-    # After a client-secret rotation the current secret lives in the state, not the input.
-    rotated = state.rotation.key if state is not None else None
-    secret = rotated or await _resolve(resolver, credential.client_secret)
-    try:
-        token = await client.request_token(
-            credential.name,
-            grant_type="client_credentials",
-            client_id=client_id,
-            client_secret=secret,
-            scope=credential.scope,
-        )
-    except OAuthError as error:
-        if error.error != "invalid_client" and error.status != 401:
-            raise
-        refusal = _refusal(credential, state, error.error, rotated=rotated is not None)
-        raise ProviderError(refusal, credential=credential.name) from None
-    try:
-        if not credential.probe:
-            return "token issued (no probe configured)"
-        await _probe(credential, client, token.access_token, "a token issued just now")
-        return f"token issued and accepted by probe {credential.probe}"
-    finally:
-        await revoke_verification_grant(client, credential.name, token, client_id, secret)
-
-
-def _refusal(
-    credential: CredentialConfig, state: CredentialState | None, code: str, *, rotated: bool
-) -> str:
-    """Why a token request was refused, as far as keyturn's own record can tell: a credential
-    that never worked has wrong inputs; one that did was changed somewhere else."""
-    last_success = state.token.last_success if state is not None else None
-    if last_success is None:
-        client_id = credential.client_id
-        named = f"{client_id} (inline)" if client_id and client_id.is_inline else f"{client_id}"
-        return (
-            f"first token request refused ({code}): check the client_secret reference "
-            f"{credential.client_secret} (client_id from {named})"
-        )
-    secret = (
-        "the client secret keyturn rotated to (kept in its private state)"
-        if rotated
-        else f"the client secret ({credential.client_secret})"
-    )
-    return (
-        f"token request refused ({code}), though it last succeeded at "
-        f"{rfc3339(last_success)}: {secret} may have been changed or revoked outside keyturn"
-    )
-
-
-async def _live_api_key(
-    credential: CredentialConfig,
-    client: ProviderClient,
-    resolver: ReferenceResolver,
-    state: CredentialState | None,
-) -> str:
-    if state is not None and state.rotation.key is not None:
-        key, which = state.rotation.key, "the current key"
-    elif credential.initial_key is not None:
-        key = await _resolve(resolver, credential.initial_key)
-        which = f"initial_key ({credential.initial_key})"
-    else:
-        return "no key yet: keyturn creates one on its first run; nothing to probe"
-    assert credential.probe is not None  # an api_key always has one (configuration rule)
-    await _probe(credential, client, key, which)
-    return f"{which} accepted by probe {credential.probe}"
-
-
-async def _probe(
-    credential: CredentialConfig, client: ProviderClient, value: Secret, what: str
-) -> None:
-    assert credential.probe is not None
-    status = await client.probe(
-        credential.name, credential.probe, Secret(f"Bearer {value.reveal()}")
-    )
-    if not 200 <= status < 300:
-        verdict = "rejected" if status in (401, 403) else "not accepted"
-        raise VerificationFailed(
-            f"{what} {verdict} by probe {credential.probe} (HTTP {status})",
-            credential=credential.name,
-            status=status,
-        )
 
 
 async def _check_providers(config: Config) -> list[str]:

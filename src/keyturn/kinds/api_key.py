@@ -16,7 +16,7 @@ from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
 from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import publish_with_cas, verify_with_probe
-from keyturn.kinds.base import Kind
+from keyturn.kinds.base import Kind, Resolve, probe_value
 from keyturn.layout import api_key_published_fields, published_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import Rotator
@@ -148,6 +148,25 @@ def job(
     )
 
 
+async def live_check(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    resolve: Resolve,
+    state: CredentialState | None,
+) -> str:
+    """The probe with the key apps read (or the `initial_key` to be adopted)."""
+    if state is not None and state.rotation.key is not None:
+        key, which = state.rotation.key, "the current key"
+    elif credential.initial_key is not None:
+        key = await resolve(credential.initial_key)
+        which = f"initial_key ({credential.initial_key})"
+    else:
+        return "no key yet: keyturn creates one on its first run; nothing to probe"
+    assert credential.probe is not None  # an api_key always has one (configuration rule)
+    await probe_value(credential, client, key, which)
+    return f"{which} accepted by probe {credential.probe}"
+
+
 KIND = Kind(
     name=NAME,
     value_field="api_key",
@@ -160,5 +179,6 @@ KIND = Kind(
     run_now_forces=RepublishKey.name,
     rotation=ROTATION,
     job=job,
+    live_check=live_check,
     expiry_words=("rotates", "rotation due"),
 )

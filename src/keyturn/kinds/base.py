@@ -9,16 +9,23 @@ kind's `RotationTarget`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from keyturn.config import CredentialConfig
+from keyturn.errors import VerificationFailed
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.jobs.rotation import RotationRules
 from keyturn.providers.client import ProviderClient
+from keyturn.references import SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
+from keyturn.state import CredentialState
+
+# An input's value from its reference (`keyturn check --live` passes one that stops the
+# credential's check quietly when the input does not resolve: that was reported already).
+Resolve = Callable[[SecretRef], Awaitable[Secret]]
 
 
 class JobBuilder(Protocol):
@@ -33,6 +40,38 @@ class JobBuilder(Protocol):
         inputs: Inputs,
         deps: JobDeps,
     ) -> CredentialJob: ...
+
+
+class LiveCheck(Protocol):
+    """`keyturn check --live` for one credential: use it as the daemon would, and nothing more
+    (nothing published, no state written, no observer told); a line saying what was proven,
+    or a `KeyturnError` saying what failed. `state`: its private record, if there is one."""
+
+    async def __call__(
+        self,
+        credential: CredentialConfig,
+        client: ProviderClient,
+        resolve: Resolve,
+        state: CredentialState | None,
+    ) -> str: ...
+
+
+async def probe_value(
+    credential: CredentialConfig, client: ProviderClient, value: Secret, what: str
+) -> None:
+    """Call the credential's `probe` with `value` as its bearer credential, once, with no event
+    (`keyturn check --live`); VerificationFailed unless a 2xx answers."""
+    assert credential.probe is not None
+    status = await client.probe(
+        credential.name, credential.probe, Secret(f"Bearer {value.reveal()}")
+    )
+    if not 200 <= status < 300:
+        verdict = "rejected" if status in (401, 403) else "not accepted"
+        raise VerificationFailed(
+            f"{what} {verdict} by probe {credential.probe} (HTTP {status})",
+            credential=credential.name,
+            status=status,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +111,8 @@ class Kind:
     rotation: RotationRules
     # Its job (`JobBuilder`).
     job: JobBuilder
+    # What `keyturn check --live` does with it (`LiveCheck`).
+    live_check: LiveCheck
 
     # -- how `keyturn status` words it -------------------------------------------------------
     # The EXPIRY column before and after `expiry_field`'s time: "expires"/"expired",

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from typing import Literal
 
+from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
-from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
+from keyturn.errors import (
+    ConfigError,
+    KeyturnError,
+    OAuthError,
+    ProviderError,
+    VerificationFailed,
+)
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
 from keyturn.jobs.refresh import ProbeAgain, TokenRefresh
 from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import verify_with_probe
-from keyturn.kinds.base import Kind
+from keyturn.kinds.base import Kind, Resolve, probe_value
 from keyturn.layout import oauth_published_fields
 from keyturn.logs import get_logger
 from keyturn.providers.client import ProviderClient
@@ -139,6 +146,67 @@ def job(
     return CredentialJob(credential, tasks, deps)
 
 
+async def live_check(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    resolve: Resolve,
+    state: CredentialState | None,
+) -> str:
+    """A client_credentials token request (never the refresh token keyturn holds: using it
+    would rotate it) with the client secret in use, and the probe with the token; the token is
+    revoked (RFC 7009) where the provider offers it."""
+    assert credential.client_id is not None
+    assert credential.client_secret is not None
+    client_id = (await resolve(credential.client_id)).reveal()
+    # After a client-secret rotation the current secret lives in the state, not the input.
+    rotated = state.rotation.key if state is not None else None
+    secret = rotated or await resolve(credential.client_secret)
+    try:
+        token = await client.request_token(
+            credential.name,
+            grant_type="client_credentials",
+            client_id=client_id,
+            client_secret=secret,
+            scope=credential.scope,
+        )
+    except OAuthError as error:
+        if error.error != "invalid_client" and error.status != 401:
+            raise
+        refusal = _refusal(credential, state, error.error, rotated=rotated is not None)
+        raise ProviderError(refusal, credential=credential.name) from None
+    try:
+        if not credential.probe:
+            return "token issued (no probe configured)"
+        await probe_value(credential, client, token.access_token, "a token issued just now")
+        return f"token issued and accepted by probe {credential.probe}"
+    finally:
+        await revoke_verification_grant(client, credential.name, token, client_id, secret)
+
+
+def _refusal(
+    credential: CredentialConfig, state: CredentialState | None, code: str, *, rotated: bool
+) -> str:
+    """Why a token request was refused, as far as keyturn's own record can tell: a credential
+    that never worked has wrong inputs; one that did was changed somewhere else."""
+    last_success = state.token.last_success if state is not None else None
+    if last_success is None:
+        client_id = credential.client_id
+        named = f"{client_id} (inline)" if client_id and client_id.is_inline else f"{client_id}"
+        return (
+            f"first token request refused ({code}): check the client_secret reference "
+            f"{credential.client_secret} (client_id from {named})"
+        )
+    secret = (
+        "the client secret keyturn rotated to (kept in its private state)"
+        if rotated
+        else f"the client secret ({credential.client_secret})"
+    )
+    return (
+        f"token request refused ({code}), though it last succeeded at "
+        f"{rfc3339(last_success)}: {secret} may have been changed or revoked outside keyturn"
+    )
+
+
 KIND = Kind(
     name=NAME,
     value_field="access_token",
@@ -151,5 +219,6 @@ KIND = Kind(
     run_now_forces=TokenRefresh.name,
     rotation=ROTATION,
     job=job,
+    live_check=live_check,
     expiry_words=("expires", "expired"),
 )
