@@ -1,6 +1,7 @@
 """keyturn at scale: N OAuth credentials against a real OpenBao and the real sandbox.
 
     python bench/daemon_scale.py [--credentials 10000] [--lifetime S] [--steady 60]
+        [--steady-delay S] [--no-refresh-tokens]
         [--idle S] [--idle-delay S] [--concurrency 64] [--vault-concurrency 16]
         [--provider-connections C] [--probe] [--cold-starts 3] [--cold-only] [--workdir DIR]
 
@@ -8,7 +9,9 @@ Everything runs on loopback: `bao server -dev` (in-memory storage) and `keyturn 
 subprocesses. Setup registers N OAuth apps through the sandbox's admin API and stores each
 one's client_id/client_secret in Vault at `secret/keyturn/inputs/c<i>`; the configuration
 has one `[[credentials]]` per app, publishing to `secret/bench/apps/c<i>`, no probe unless
-`--probe`, Vault auth by `token_file`, log level "warning". One run prints (figures on
+`--probe`, Vault auth by `token_file`, log level "warning". The sandbox issues a refresh token
+with each grant, unless `--no-refresh-tokens` (every refresh is then a `client_credentials`
+grant). One run prints (figures on
 stdout, progress on stderr), after the machine's load average when it starts:
 
 1. cold start: seconds from spawning the daemon (config parsing, Vault login and all) until
@@ -45,7 +48,16 @@ stdout, progress on stderr), after the machine's load average when it starts:
 6. steady state on the restarted daemon: p50/p99/max lateness of scheduled runs (start of
    each run minus its planned time, `CredentialScheduler.lateness`) in a window of
    `--steady` seconds that opens when the first refresh is due (the earliest `next_due` the
-   credentials' records hold: a planned run may be something else, e.g. a check).
+   credentials' records hold: a planned run may be something else, e.g. a check), and the
+   Vault writes and reads per refresh: the daemon's calls on the credentials' own paths (their
+   state records and published paths; a write with custom metadata is two calls, as it is to
+   Vault) divided by the token requests in the window (one per refresh), next to the minimal
+   script's one write and no read per credential. The heartbeat and the saved plan
+   (`<state_prefix>/_members`, `_plan/…`) are shown apart: they cost the same however many
+   credentials refresh. A credential's first refresh after the restart also reads its record,
+   its published path's metadata and its inputs, once per process; `--steady-delay S` opens
+   the window S seconds later, e.g. past that first generation (more than 0.76 x lifetime) for
+   the figures of a refresh in steady state.
 
 Vault calls are the daemon's own count, `keyturn_vault_operations_total{operation,result}` on
 its /metrics, scraped at the start and end of each phase (a new process starts at 0): per
@@ -562,6 +574,7 @@ async def bench(
         ("max_concurrency / vault_concurrency", f"{args.concurrency} / {args.vault_concurrency}"),
         ("provider max_connections", f"{args.provider_connections or '100 (default)'}"),
         ("probe before publish", "yes" if args.probe else "no"),
+        ("refresh tokens issued", "no" if args.no_refresh_tokens else "yes"),
     ]
 
     def spawn(config: Path) -> Daemon:
@@ -898,7 +911,7 @@ async def bench(
         # jitter (due at 0.56-0.76 of the lifetime after issue), so its rate ramps up from the
         # first due time. The window opens where, on that ramp, its mean rate is the long-run
         # rate N / (0.66 x lifetime): the load a daemon with this lifetime carries for good.
-        offset = max(0.0, 0.3 * cold - args.steady / 2)
+        offset = max(0.0, 0.3 * cold - args.steady / 2) + args.steady_delay
         wait = max(0.0, first_refresh + offset - time.time())
         log(f"steady state: window opens in {wait:.0f}s and lasts {args.steady:g}s")
         await asyncio.sleep(wait)
@@ -943,6 +956,10 @@ async def bench(
                         max(window, default=float("nan")),
                     )
                 ),
+            ),
+            (
+                "steady: Vault writes and reads per refresh",
+                per_refresh(mark_a.get("calls", {}), mark_b.get("calls", {}), steady_tokens),
             ),
             (
                 "steady: Vault calls per scheduled run",
@@ -1105,9 +1122,12 @@ def child(config_path: Path) -> int:
                     }
                 )
                 scheduler = daemon.scheduler
+                calls = count_store_calls(daemon.runtime.store, config.keyturn.state_prefix)
                 loop.add_signal_handler(
                     signal.SIGUSR1,
-                    lambda: emit({"event": "mark", "count": len(scheduler.lateness)}),
+                    lambda: emit(
+                        {"event": "mark", "count": len(scheduler.lateness), "calls": dict(calls)}
+                    ),
                 )
 
                 def sweep() -> None:
@@ -1194,6 +1214,75 @@ def child(config_path: Path) -> int:
     return asyncio.run(main())
 
 
+# What the child counts of the daemon's store calls, by (what, where): `what` is `write`,
+# `write_metadata` (a write's custom metadata: a second call to Vault), `read`,
+# `read_metadata`, `read_field` (a credential's inputs), `list`; `where` is `credential` (a
+# state record, a published path, an input) or `shared` (the heartbeat, the saved plan,
+# listings).
+COUNTED = {
+    "write": "write",
+    "read": "read",
+    "read_metadata": "read_metadata",
+    "read_fields": "read_field",
+    "list_keys": "list",
+    "list_metadata": "list",
+}
+
+
+def count_store_calls(store: Any, state_prefix: str) -> Counter[str]:
+    """Wrap the daemon's store (the object every job holds) so each call is counted as
+    `what/where` (see COUNTED) when it is made; the counts are the returned Counter."""
+    counts: Counter[str] = Counter()
+    shared = state_prefix.strip("/") + "/_"
+
+    def where(path: str) -> str:
+        return "shared" if path.startswith(shared) else "credential"
+
+    for method, what in COUNTED.items():
+        original = getattr(store, method, None)
+        if original is None:
+            continue
+
+        def counted(
+            path: str, *args: Any, _original: Any = original, _what: str = what, **kwargs: Any
+        ) -> Any:
+            place = "shared" if _what == "list" else where(path)
+            counts[f"{_what}/{place}"] += 1
+            if _what == "write" and kwargs.get("custom_metadata") is not None:
+                counts[f"write_metadata/{place}"] += 1
+            return _original(path, *args, **kwargs)
+
+        try:
+            setattr(store, method, counted)
+        except AttributeError:  # a store that takes no attributes: nothing is counted
+            return counts
+    return counts
+
+
+def per_refresh(before: Mapping[str, int], after: Mapping[str, int], refreshes: int) -> str:
+    """Vault writes and reads on the credentials' own paths per refresh, between two marks
+    of the child, and the shared records' calls over the same window."""
+    if refreshes <= 0 or not after:
+        return "n/a (no refresh in the window, or no count from the daemon)"
+
+    def delta(key: str) -> int:
+        return after.get(key, 0) - before.get(key, 0)
+
+    data, metadata = delta("write/credential"), delta("write_metadata/credential")
+    reads = delta("read/credential") + delta("read_field/credential")
+    metas = delta("read_metadata/credential")
+    shared_writes = delta("write/shared") + delta("write_metadata/shared")
+    shared_reads = delta("read/shared") + delta("read_metadata/shared") + delta("list/shared")
+    return (
+        f"writes {figure((data + metadata) / refreshes)} (data {figure(data / refreshes)}, "
+        f"custom metadata {figure(metadata / refreshes)}), reads "
+        f"{figure((reads + metas) / refreshes)} (read and read_field {figure(reads / refreshes)}, "
+        f"read_metadata {figure(metas / refreshes)}) over {refreshes} refreshes; the minimal "
+        f"script: 1 write, 0 reads per credential; heartbeat and saved plan in the window: "
+        f"{shared_writes} writes, {shared_reads} reads"
+    )
+
+
 async def sweep_once(daemon: Any) -> None:
     """One change-detection sweep, as the daemon's periodic "watch" job runs it: the watcher
     `open_daemon` registers, built the same way over this daemon's runtime and scheduler (the
@@ -1224,6 +1313,13 @@ def main() -> int:
         help="access token lifetime in seconds (default: 10 x the first baseline round, >= 200)",
     )
     parser.add_argument("--steady", type=float, default=60.0, help="steady window (s)")
+    parser.add_argument(
+        "--steady-delay",
+        type=float,
+        default=0.0,
+        help="open the steady window this much later (s; past 0.76 x lifetime: the second "
+        "generation of refreshes after the restart, with no first-run reads)",
+    )
     parser.add_argument(
         "--idle",
         type=float,
@@ -1267,6 +1363,11 @@ def main() -> int:
         "--cold-only", action="store_true", help="stop after the cold starts (for tuning)"
     )
     parser.add_argument("--probe", action="store_true", help="probe each token before publish")
+    parser.add_argument(
+        "--no-refresh-tokens",
+        action="store_true",
+        help="the sandbox issues no refresh token: every refresh is a client_credentials grant",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary dir")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1280,7 +1381,11 @@ def main() -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="keyturn-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"workdir {workdir} (keyturn.log, sandbox/)")
-    sandbox_config = {"access_token_lifetime": args.lifetime or 3600, "access_log": False}
+    sandbox_config = {
+        "access_token_lifetime": args.lifetime or 3600,
+        "access_log": False,
+        "issue_refresh_token_for_client_credentials": not args.no_refresh_tokens,
+    }
     with (
         OpenBaoDevServer(log_file=workdir / "bao.log") as vault,
         SandboxProcess(sandbox_config, workdir / "sandbox", log_level="warning") as sandbox,
