@@ -20,7 +20,7 @@ class RotationRequest:
     """What a rotator is told about the rotation at hand (no secret in here)."""
 
     credential: str  # the credential's name in keyturn's configuration
-    kind: str  # "api_key" | "oauth_client"
+    kind: str  # the credential's kind, a name in keyturn.kinds.KINDS ("api_key", "oauth_client")
     rotation_id: str  # unique per rotation; stable across a crash and resume
     key_name: str  # a name for the new key, derived from credential and rotation_id
     client_id: str | None = None  # for oauth_client: whose secret is rotated
