@@ -1,15 +1,7 @@
-"""One APScheduler 3 date job per credential, re-planned after every run.
-
-APScheduler owns *when*; this module owns *how many* and *never twice*: a global semaphore
-bounds concurrent runs (no thread per credential: jobs are coroutines on one event loop), and
-a per-credential lock makes sure one credential never runs twice at once, whatever the
-scheduler's instance bookkeeping does. Misfired jobs run at once (misfire_grace_time=None:
-APScheduler's default of 1 s would silently drop a late job) and are coalesced.
-
-With several instances (`keyturn.members`) the scheduler plans only this instance's share:
-`owns` says which credentials are in it, and `reassign` follows it when it moves. Housekeeping
-(keyturn's own token, heartbeats, sweeps) is not planned here but beside it, on the monotonic
-clock (`keyturn.housekeeping`).
+"""When each credential runs: one APScheduler 3 date job per credential, re-planned after every
+run, with a bound on concurrent runs and never two runs of one credential at once; with several
+instances, only this instance's share (`owns`, followed by `reassign`). Why it is built so:
+docs/architecture.md#the-scheduler. Housekeeping runs beside it (`keyturn.housekeeping`).
 """
 
 from __future__ import annotations
