@@ -178,7 +178,7 @@ def systemd_watchdog(notifier: SystemdNotifier) -> Periodic | None:
     async def watchdog() -> None:
         notifier.watchdog()
 
-    return Periodic("watchdog", watchdog, interval, first=0.0)
+    return Periodic("watchdog", watchdog, max(MIN_DELAY, interval), first=0.0)
 
 
 def vault_token_keeper(
