@@ -1,12 +1,8 @@
 """Alert hooks: what keyturn tells on-call, deduplicated, rate-limited, retried, resolved.
 
-    model.py ...... `Alert` (never a secret), fingerprints, alert names and runbook links
-    hooks/ ........ webhook, slack, pagerduty, alertmanager: one payload and one POST each
-    dispatcher.py . `AlertDispatcher`: per-hook queues and workers, dedupe, rate limit, retry
-    observer.py ... `AlertingObserver`: credential events → firing and resolved alerts
-    build.py ...... `build_dispatcher(config, resolver, …)`: `[[alerts]]` → live hooks
-
-See docs/alerts.md for the payloads and the event → alert mapping.
+`model` holds the `Alert` (never a secret), `hooks/` one payload and POST per receiver,
+`dispatcher` the per-hook queues, `observer` the event → alert mapping, and `build` turns
+`[[alerts]]` into live hooks. Payloads and the mapping: docs/alerts.md.
 """
 
 from keyturn.alerts.dispatcher import AlertDispatcher, DeliveryResult, OnDelivery

@@ -1,27 +1,8 @@
 """`AlertDispatcher`: deduplicates, rate-limits and delivers alerts, off the refresh path.
 
-    dispatcher = AlertDispatcher(hooks, clock=clock, rng=rng, on_delivery=count)
-    await dispatcher.start()
-    dispatcher.fire(alert)        # a condition: re-sent every repeat_interval until resolved
-    dispatcher.notify(alert)      # an event: sent once per repeat_interval, never resolved
-    dispatcher.resolve(alert.fingerprint)
-    await dispatcher.stop(timeout=5)
-
-`fire`, `notify` and `resolve` never wait: they decide per hook whether to send, and put the
-alert on that hook's bounded queue. Each hook has its own queue and worker task, so a hook
-that is slow or down never delays another. A worker retries a retryable failure with capped
-exponential backoff and full jitter, at least the receiver's `Retry-After`; a 4xx other
-than 408/429 is not retried.
-
-Per hook: a firing alert already sent is not sent again until `repeat_interval` has passed
-(or its severity rose); a ticker re-sends still-firing alerts when that time comes. A
-resolution goes only to hooks that were sent the firing alert, and is delivered only if the
-firing one was. Firing alerts beyond `rate_limit` per minute, and anything that finds the
-queue full, are dropped. `on_delivery(hook, result)` counts each outcome: `success`,
-`failed` (after the last retry, or not retryable) or `dropped`.
-
-A hook that fails `hook_failing_after` deliveries in a row raises `alert_hook_failing`
-through the other hooks, resolved when it delivers again.
+`fire` (a condition, resolved later), `notify` (an event) and `resolve` never wait: each hook
+has its own bounded queue and worker, so a slow or failing hook delays neither a refresh nor
+another hook. Dedupe, rate limit, retry and resolution rules: docs/alerts.md#delivery.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The `Alert` value object: what a hook is told, and nothing secret.
 
-An alert is about one condition: a detector (`refresh_token_rejected`, `credential_failing`,
-…) on one credential of one provider. Its `fingerprint` is a stable hash of that triple (and
-of the hook it is about, for `alert_hook_failing`), so the dispatcher can deduplicate and a
-receiver (PagerDuty `dedup_key`, Alertmanager labels) can match `resolved` to `firing`.
-
-Alert text comes from keyturn's own messages, which never hold a value. Two defensive checks
-stand behind that: every field must be a plain `str` (a `Secret` is refused, not rendered) of
-at most `MAX_FIELD` characters, and `scrub_text` blanks anything that looks like a value
-(`token=<value>`, `Bearer <value>`) before a message becomes a summary, while leaving keyturn's
-own `<field>: <reason>` words (`/oauth/token: HTTP 503`) as they are, so an alert says what
-the log line says.
+An alert is one condition (detector, credential, provider); its `fingerprint` hashes that so
+the dispatcher and receivers can deduplicate and match `resolved` to `firing`. Fields must be
+plain bounded `str` (a `Secret` is refused) and `scrub_text` blanks anything that looks like
+a value: docs/alerts.md#no-secrets.
 """
 
 from __future__ import annotations

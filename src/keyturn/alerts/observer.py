@@ -1,19 +1,6 @@
-"""`AlertingObserver`: credential events (`keyturn.events`) → alerts.
+"""`AlertingObserver`: credential events (`keyturn.events`) → firing and resolved alerts.
 
-- `Suspicious(c, p, detector, severity, detail)` → `Keyturn<Detector>` with that severity.
-  A condition for `client_rejected` and `fresh_credential_rejected` (resolved when `c`
-  publishes again); an event (sent, never resolved by keyturn) for every other detector.
-  One about keyturn itself (no `c`) is summarised by its detail alone.
-- `Failed(c, p, kind, error, n)` with n ≥ `failing_after` (3) → `KeyturnCredentialFailing`,
-  warning; critical from n ≥ `critical_after` (5).
-- `Published(c, …)` → resolves `credential_failing`, `client_rejected` and
-  `fresh_credential_rejected` of `c`.
-- `RotationStep(c, p, kind, "awaiting_manual")` → `KeyturnManualRotationDue`, warning;
-  `RotationStep(c, p, kind, "published")` resolves it.
-
-Other events raise nothing: a rejected probe arrives as `Suspicious` from the detector
-`fresh_credential_rejected`, and a credential still failing fires again at its next failed
-run, not when its record is read.
+Which event raises or resolves which alert is the table in docs/alerts.md#detectors-and-alerts.
 Every event only decides and hands the alert to the dispatcher, which never waits.
 """
 
