@@ -54,14 +54,10 @@ STEP_THRESHOLD = 2.0
 class SystemClock:
     """The real clock, which holds its wall time steady across a step until told otherwise.
 
-    Every `time()` compares the system's wall clock with the monotonic clock: a step of more
-    than STEP_THRESHOLD seconds (NTP, a VM resume, an operator, libfaketime) is not believed at
-    once; keyturn's time goes on from where it was (`offset` takes the step back) and the step
-    waits in `pending_steps` until `WallClockGuard` has asked Vault which side is right. So no
-    plan, expiry check or published `expires_at` is ever computed from a step nobody checked.
-
-    Threads read it too (the metrics collector, Vault calls in the executor): a lock makes
-    sure one step is taken back once, not once per thread that saw it.
+    A wall-clock step beyond STEP_THRESHOLD (against the monotonic clock) is taken back into
+    `offset` and waits in `pending_steps` until `WallClockGuard` decides, so nothing is computed
+    from an unchecked step. Threads read it too (metrics, Vault calls): a lock takes a step back
+    once, not once per thread that saw it.
     """
 
     def __init__(self) -> None:
@@ -163,14 +159,10 @@ TimeReference = Callable[[], Awaitable[float | None]]
 class WallClockGuard:
     """Decides, with Vault's clock, which time keyturn lives by after a wall-clock step.
 
-    The clock itself notices a step when it is read and holds its time steady (see
-    `SystemClock`); every second the guard looks at the steps it holds and asks `reference`
-    (Vault's clock, which apps and the provider share): if the system clock agrees with it,
-    keyturn adopts the stepped clock; if not, it keeps its steady time, so plans, expiry checks
-    and the `expires_at` apps read stay right. Without an answer it keeps holding and asks
-    again at the next check. A step is logged (`clock.jumped`) and `on_jump` re-plans every
-    credential. Call `check` from a plain loop on the monotonic clock (the daemon's
-    `background`), not from a scheduler that itself plans by wall time.
+    `check` asks `reference` (Vault's clock) about each held step: agreement adopts the stepped
+    clock, disagreement keeps the steady time, no answer keeps holding; `on_jump` re-plans.
+    Run it from a monotonic loop (`keyturn.housekeeping.Periodic`), never from a scheduler that
+    plans by wall time. Why: docs/architecture.md#the-scheduler.
     """
 
     def __init__(
