@@ -1,25 +1,9 @@
 """`keyturn check -c FILE [--live]`: is this configuration ready to run?
 
-Validates the file, resolves every secret reference, checks Vault auth, that every mount
-keyturn uses is KV v2, the token's capabilities on every path keyturn will touch, reaches
-every provider's token endpoint, and with `[usage]` that Vault's audit log can be read. Exit 0
-when all is well; exit 1 with one line per problem.
-
-It also reads the tokens keyturn last published (each oauth_client credential's private
-record) and says what they ask of several instances (`takeover_notes`), on stdout, without
-failing the check: a note when they need a quicker takeover than `takeover_after` (a cap:
-the instances beat faster on their own), and a line starting with "warning:" for each
-credential whose tokens leave too little after their latest planned refresh for even the
-least takeover (MIN_TAKEOVER) to come before they expire. It notes each provider of OAuth
-credentials without `revoke_path` (`revocation_notes`): what a lost refresh answer leaves there.
-With `[usage]`, a "warning:" line when `/usage` answers anyone who reaches a non-loopback
-`[metrics] listen` (`metrics_notes`): no `web_config` with `basic_auth_users` or a verified
-client certificate.
-
-Reaching a provider sends an unsupported grant type to its token endpoint: any RFC 6749
-answer proves the endpoint is there without issuing a token. `--live` goes further and uses
-each credential as the daemon would (see `_check_live`), so a wrong client secret shows before
-the first run rather than as a failing daemon.
+Exit 0 when the file, its references, Vault (auth, KV v2 mounts, capabilities), every
+provider's token endpoint and, with `[usage]`, the audit log are all usable; else exit 1,
+one line per problem. Notes and "warning:" lines (takeover, `revoke_path`, an open `/usage`)
+never fail it; `--live` also uses each credential once (`_check_live`). See docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """`keyturn import-refresh-token -c FILE NAME`: hand over a refresh token issued elsewhere.
 
-The spec's `refresh_token` grant needs a refresh token the provider issued earlier, e.g. to a
-person who went through its consent (authorization-code) flow. This command reads that token
-from standard input (one line; never from argv), stores it in the credential's private record
-under the same lease the daemon uses (so it is safe beside a running daemon), and refreshes
-with it at once, so the operator learns now whether it works:
-
-- the provider accepts it: the new access token is published, keyturn holds the rotated refresh
-  token from then on, and a refresh token it held before is revoked (RFC 7009, where the
-  provider offers it); exit 0 and one line on stdout;
-- the provider refuses it (`invalid_grant`, `unauthorized_client`): the record is put back as
-  it was, the refused token is not kept; exit 1 and one line on stderr;
-- anything else (the provider is down, the probe rejects the new token): exit 1 with the error
-  and what keyturn holds now.
+The token is read from stdin (never argv), stored under the daemon's own lease (safe beside
+a running daemon) and used at once, so the operator learns now whether it works; a refused
+token is not kept and the record is put back. Outcomes and exit codes: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
-"""`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault.
-`keyturn status -c FILE --instances [--json]`: one row per keyturn instance in the members
-record (`keyturn.members`): live or gone (judged by the takeover it advertises), how many
-credentials its share holds, and the takeover it beats to.
+"""`keyturn status -c FILE [--json] [NAME…]`: one row per credential, read from Vault;
+`--instances`: one row per instance of the members record (`keyturn.members`).
 
-Status comes from keyturn's private state and the published paths, not from a running
-process, so it shows the truth whichever instance (or none) is running. A rotation waiting
-for consumers to move off the old key (`rotation.wait_for_consumers`) says whom it waits for:
-the journal keeps their names. Only the CONSUMERS column (how many identities read each
-credential) comes from the running daemon, with `[usage]`; it is `-` when the daemon cannot be
-reached.
-
-Exit codes: 0 every credential shown is `ok`; 3 (`EXIT_NOT_OK`) some credential is not
-(`pending`, `failing`, `expired`); 1 the status could not be read (the configuration, Vault, a
-credential's record, or a NAME the configuration does not have). 2 stays argparse's: a usage
-error.
+Status comes from keyturn's private state and published paths, not from a process, so it is
+true whichever instance (or none) runs; only CONSUMERS asks the daemon. Exit 0 all `ok`,
+3 (`EXIT_NOT_OK`) some credential is not, 1 unreadable, 2 argparse's. See docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`keyturn usage -c FILE [--json] [NAME…]`: who reads each credential, from the running daemon.
 
-The usage monitor lives in `keyturn run`: it reads Vault's audit log and keeps its counts in
-memory only (docs/usage.md), so this command asks the daemon, at its `[metrics] listen`
-address (`GET /usage`), and prints one row per consumer: its reads, its last read, the version
-it last read and whether that is the one published now. `keyturn status` asks the same
-endpoint for its consumers column (`consumer_counts`).
-
-Exit codes: 0 shown; 1 the configuration, a NAME it does not have, or a daemon that cannot be
-reached (one line saying which). 2 stays argparse's.
+The usage counts live only in `keyturn run`'s memory (docs/usage.md), so this asks the
+daemon's `GET /usage` at `[metrics] listen`. Exit 0 shown; 1 configuration, unknown NAME or
+daemon unreachable; 2 argparse's.
 """
 
 from __future__ import annotations
