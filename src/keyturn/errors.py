@@ -1,28 +1,8 @@
-"""keyturn's exceptions: one root, a tree, retryability as a class property.
+"""keyturn's exceptions: one root (`KeyturnError`), a tree, retryability as a class property.
 
-    KeyturnError
-    ├── ConfigError ............ the TOML file or an override is wrong (file, key path, expected)
-    ├── SecretReferenceError ... a `vault:`/`env:`/`file:` reference cannot be resolved
-    ├── VaultError ............. anything from Vault, translated at the store's edge
-    │   ├── VaultUnavailable ...... network error, 5xx, sealed            (retryable)
-    │   ├── VaultAuthError ........ login failed, token expired/revoked   (retryable)
-    │   ├── VaultPermissionDenied . the policy lacks a capability on a path
-    │   ├── VaultCasConflict ...... check-and-set lost: someone else wrote (retryable)
-    │   ├── VaultDataError ........ a stored value is missing or malformed
-    │   └── VaultMountError ....... the KV mount is missing or not KV v2: nothing may be written
-    ├── ProviderError .......... the service (token endpoint, probe, rotator APIs)
-    │   ├── ProviderUnavailable ... network error, time-out, 5xx          (retryable)
-    │   │                           carries `retry_after`, `answer_lost`
-    │   │   └── ProbeUnanswered ... a new token's probe got no answer: kept, probed again
-    │   ├── RateLimited ........... 429, carries `retry_after`            (retryable)
-    │   ├── OAuthError ............ an RFC 6749 §5.2 error, carries `error` (e.g. invalid_grant)
-    │   └── MalformedResponse ..... a response keyturn cannot trust (carries the field)
-    ├── VerificationFailed ..... a new credential was rejected by the probe (401/403)
-    └── RotationError .......... a rotator failed (exec exit code, time-out, bad output)
-
-Messages name the credential and the field, never a value: every value that could be secret
-travels as `keyturn.secret.Secret`, whose text form is a placeholder. Foreign exceptions
-(httpx, hvac, OSError) are translated with `raise ... from exc` where they enter keyturn.
+Messages name the credential and the field, never a value (secrets travel as
+`keyturn.secret.Secret`); foreign exceptions (httpx, hvac, OSError) are translated with
+`raise ... from exc` where they enter keyturn. The tree: docs/architecture.md#errors.
 """
 
 from __future__ import annotations
@@ -93,14 +73,10 @@ class ProviderError(KeyturnError):
 class ProviderUnavailable(ProviderError):
     """No usable answer: a network error, a time-out or a 5xx.
 
-    `status`: the HTTP status when one was received (5xx), else None. `retry_after`: seconds
-    from a valid Retry-After on that answer, else None. `answer_lost`: True when the request
-    may have reached the provider and been processed but no complete answer was read (read or
-    write time-out, the total deadline expiring once the request started to leave, or for a
-    request other than a refresh token grant, which is not traced, expiring at all; the server
-    closing the connection); False when it certainly never left (connection refused, connect
-    or pool time-out) or when a status was received. A token request whose answer was lost
-    may have consumed a rotated refresh token.
+    `status`: the 5xx received, else None; `retry_after`: a valid Retry-After's seconds, else
+    None. `answer_lost`: the request may have been processed with no complete answer read (so a
+    token request may have consumed a rotated refresh token); False when it certainly never left
+    or a status came back. Which failures are which: docs/provider-responses.md.
     """
 
     retryable = True
