@@ -1,39 +1,9 @@
 """The process hardens itself at start, whatever started it (systemd, a container, a shell).
 
-Three measures, applied by `harden_process` once, before a command reads any secret:
-
-- **No core dumps**: `RLIMIT_CORE` set to 0, soft and hard, so a crash never writes this
-  process's memory (access tokens, refresh tokens, keys, keyturn's own Vault token) to disk,
-  and nothing later in the process can raise the limit again.
-- **Not dumpable** (Linux): `prctl(PR_SET_DUMPABLE, 0)`. Another process of the same user can
-  then neither `ptrace` this one nor open its `/proc/<pid>/mem` or `/proc/<pid>/environ`
-  (its `/proc/<pid>` files become root's). Root with `CAP_SYS_PTRACE` still can: nothing a
-  process does keeps out its host's root. On other platforms there is no such call: a warning,
-  never a crash.
-- **Umask 077**: whatever keyturn creates without an explicit mode is its own alone. Files
-  that need another mode set it explicitly and are unaffected: a sink's file is created 0600
-  and `fchmod`-ed to its configured `mode` before a byte is written (`keyturn.sinks`), the
-  audit socket is `chmod`-ed to its `unix_mode` after `bind` (`keyturn.usage.sources`).
-
-Each measure logs one line: `process.hardened` (info) with what it did, or
-`process.not_hardened` (a warning) with why it could not. A measure that cannot be applied
-never stops keyturn: the others still hold, and the warning tells the operator.
-
-Which commands: every command that logs in to Vault, since each then holds keyturn's Vault
-token (which reads every input and every private state record) and some of the secrets it
-reads: `run` (the daemon), `refresh`, `rotate`, `import-key` and `import-refresh-token` (a key
-or refresh token on stdin, read after hardening), `check` (every reference resolved; with
-`--live` a real token) and `status` (private state records, which hold refresh tokens). Not
-`usage` (it asks the daemon's `/usage` over HTTP and holds no secret), nor the devkit's
-`sandbox` and `demo`. Each calls it right after its configuration loaded, so its lines go out
-at the configured level and format (a one-shot command shows only the warnings); the
-configuration file holds references, never values, so nothing secret is read before.
-
-Children: the commands of exec rotators and `on_publish` hooks inherit the umask (files they
-create without a mode are 0600: a hook that writes a file for another user must set that
-file's mode, or its own umask) and the core limit of 0. The dumpable flag is reset to 1 by
-`execve`, so such a child's memory (an exec rotator's new key, on its stdout) is readable by
-other processes of keyturn's user for the child's short life.
+`harden_process` applies no core dumps, not dumpable (Linux) and umask 077 once, right after
+the configuration loaded and before a command that logs in to Vault reads any secret. A
+measure the platform lacks is a `process.not_hardened` warning, never a crash. Which commands,
+and what children inherit: docs/security.md#process-hardening.
 """
 
 from __future__ import annotations

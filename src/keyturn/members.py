@@ -1,38 +1,9 @@
 """Several instances, one configuration: which instances are alive, and whose each credential is.
 
-Every daemon keeps an entry in one record, `<state_prefix>/_members`: one field per instance
-id holding its session, host, address, start, a beat counter and when it beat, the takeover
-it beats to and the takeover its own tokens need. Each beat is one consistent read and one
-check-and-set write of that record (a lost check-and-set reads and writes again), so
-membership lives in the store every instance already shares, with no LIST, no delete
-permission and no consensus of keyturn's own. A daemon that stops leaves: it takes its entry
-out at once and its share moves without waiting.
-
-The takeover follows the tokens. A dead instance's credentials must be run by another before
-their published tokens expire, so the takeover must fit in what a token has left after its
-last planned refresh (its slack, `slack`): each instance derives the takeover its share needs
-(`takeover_needed`: a third of the smallest slack, at least MIN_TAKEOVER) and advertises it
-(`needs`); every instance beats to the least of `takeover_after` (a cap), its own need and
-the needs of the other live instances (`takeover`, advertised too), so all converge on the
-cluster's smallest need within a beat: the survivors are the ones who must notice in time.
-
-An instance is alive while its beat counter moves, and gone once it has not moved for the
-takeover that instance advertised (an entry that advertises none: `takeover_after`), so a
-change of cadence is never taken for a death. The judge measures that on its own monotonic
-clock: clock skew between hosts does not move a takeover. An entry seen for the first time is
-dated by its own `beat_at`; that is the only place another host's wall clock counts. Each
-instance also measures its own skew against Vault's clock (its `beat_at` against the
-`created_time` Vault gave the version it wrote) and warns when it is off by more than
-SKEW_WARNING: leases are dated by wall clocks.
-
-Shares: a credential belongs to the live instance with the highest rendezvous weight
-(`owner`), so when an instance comes or goes only its own share moves. An instance plans,
-reads and sweeps only its share; the per-credential lease still guards every run, so a brief
-disagreement about membership costs a skipped run, never a refresh token presented twice.
-Alone, an instance owns everything, as before there were several.
-
-Two instances with the same `instance_id` would take each other's leases for their own: the
-younger one stands down (owns nothing) and says so at every beat until the elder is gone.
+Each daemon beats into `<state_prefix>/_members` with check-and-set, to a takeover its tokens
+can afford; one is gone when its beat counter stalls for that takeover (on the judge's own
+monotonic clock). Shares go by rendezvous weight (`owner`); the per-credential lease still
+guards every run. Why so: docs/architecture.md#several-instances.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """systemd's notification protocol (sd_notify), spoken without libsystemd.
 
-Under `Type=notify` systemd names a datagram socket in `$NOTIFY_SOCKET` (a path, or an abstract
-socket written with a leading `@`) and keyturn sends it newline-separated assignments:
-
-    READY=1                        the daemon is up (scheduler started, metrics listening)
-    RELOADING=1 + MONOTONIC_USEC=  a SIGHUP reload began; READY=1 follows when it is over
-    STOPPING=1                     a stop began (in-flight runs are draining)
-    WATCHDOG=1                     the event loop is alive; sent every WATCHDOG_USEC / 2
-    STATUS=…                       one line for `systemctl status` (never a secret)
-
-Without `$NOTIFY_SOCKET` every call is a no-op, so the same code runs under systemd, in a
-container, in tests and in the demo. Sending never raises: a failure is logged once (again
-only after a send has worked in between) and the daemon goes on; systemd's own timeouts then
-tell the operator.
-
-`SystemdNotifier(environ)` reads `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID` and, by
-default, removes them from `environ` (libsystemd's `unset_environment`): keyturn starts exec
-rotator commands, and a child that inherited them could speak for keyturn. Build it from
-`os.environ` before anything that copies the environment for children (the exec rotators copy
-it when they are built), i.e. before the runtime is opened.
+Without `$NOTIFY_SOCKET` every call is a no-op, and sending never raises (a failure is logged
+once), so the same code runs under systemd, in containers and in tests. `SystemdNotifier`
+removes `NOTIFY_SOCKET`, `WATCHDOG_*` from `environ` so exec rotators cannot speak for keyturn:
+build it before anything copies the environment for children. See docs/install-systemd.md.
 """
 
 from __future__ import annotations
