@@ -1,14 +1,9 @@
 """What `[metrics] web_config` puts in front of the HTTP face (keyturn.observability.server).
 
-`ServerContexts`: the TLS context for each new connection, made again from the files when the
-certificate, key or CA changed on disk (their size, mtime or inode), so cert-manager or Vault
-PKI renew them without a restart. A change that cannot be loaded (a certificate written before
-its key) keeps the previous context and logs `metrics.tls_reload_failed` once per change.
-
-`BasicAuth`: an `Authorization: Basic` header against the bcrypt hashes of
-`basic_auth_users`. bcrypt is slow on purpose, so it runs on a worker thread and a match is
-remembered (by a SHA-256 of user, password and hash) for later scrapes; an unknown user costs
-the same bcrypt as a known one. Nothing here logs or raises a password or a hash.
+`ServerContexts`: a TLS context per connection, reloaded when the files change on disk (a
+change that cannot load keeps the old one). `BasicAuth`: bcrypt on a worker thread, a match
+remembered by hash. Nothing here logs or raises a password or a hash. Behaviour:
+docs/configuration.md#the-web-configuration-file-web_config.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Liveness and readiness, as the two callables `MetricsServer` asks.
 
-Liveness (`/healthz`) is about the process: the scheduler loop still runs, as proven by its
-heartbeat. A restart can help a stalled loop, so a failing liveness probe is worth a restart.
-
-Readiness (`/readyz`) is about the service keyturn provides: Vault answers and accepts
-keyturn's token, and every configured credential has a valid value published, as its job's
-last run found the record (the scheduler's `JobView`, not the metrics). Restarting
-cannot fix an unreachable Vault or a provider outage, so readiness never feeds a liveness
-probe. Problems are short lines naming Vault or a credential, never a value.
+Liveness (`/healthz`) is the scheduler loop's heartbeat: a restart can help a stalled loop.
+Readiness (`/readyz`) is Vault and every credential's published value, as the jobs last found
+them (`JobView`, not the metrics): a restart cannot fix those, so it never feeds liveness.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """`PrometheusObserver`: every metric of docs/metrics.md, fed by the events of `keyturn.events`.
 
-Counters and histograms without a `credential` label are ordinary prometheus_client metrics.
-Per-credential gauges and counters and the Vault token gauges are kept by the observer and
-written at scrape time: so `keyturn_credential_ready` drops to 0 the moment a token expires
-even if nothing else happens, a value never seen is absent rather than a misleading 0, and
-`forget` removes every series of a credential at once. Each per-credential sample line is made
-when the event that changes it arrives, so a scrape of 10,000 credentials joins prepared bytes
-instead of formatting 70,000 numbers. The scrape may run on another thread (the HTTP server
-renders off the event loop), so that state is guarded by a lock.
+Per-credential series and the Vault token gauges are kept here and written at scrape time
+(readiness drops at expiry, an unseen value is absent, `forget` drops a credential), each line
+prepared when its event arrives. Scrapes run on another thread, so that state is locked.
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
-"""`MetricsServer`: the daemon's HTTP face, on `[metrics]` host and port.
+"""`MetricsServer`: the daemon's HTTP face (/metrics, /healthz, /readyz, /usage) on `[metrics]`.
 
-    GET /metrics   the registry in the Prometheus text format (OpenMetrics if asked for)
-    GET /healthz   200 while `alive()` says so, else 503: {"alive": bool, "reason": str}
-    GET /readyz    200 while `ready()` says so, else 503: {"ready": bool, "problems": [...]}
-    GET /usage     with `[usage]`: who reads each credential (`keyturn usage`, `status`), from
-                   `usage(names, summary)`; `?credential=NAME` (repeated) picks credentials,
-                   `?summary=1` leaves out the consumers' list; 404 without `[usage]`
-
-With `[metrics] web_config` (keyturn.config.webconfig, the exporter toolkit's format):
-- TLS: keyturn accepts connections itself and looks at each one's first byte; a TLS handshake
-  goes on with the current context (keyturn.observability.guard.ServerContexts, re-read when
-  its files change), plain HTTP gets Go's answer, a 400 "Client sent an HTTP request to an
-  HTTPS server.", and is closed. A required client certificate is asked for in the handshake:
-  without one the handshake fails, whatever the path.
-- `basic_auth_users`: every path but `[metrics] open_paths` needs a user and password of that
-  list, else 401 with `WWW-Authenticate: Basic`.
-- `/usage` needs authentication whenever any is configured: a password of the list, or a
-  client certificate verified against `client_ca_file` (403 otherwise).
-
-Rendering the registry of 10,000 credentials takes a while, so it runs on a worker thread and
-the event loop keeps scheduling meanwhile. `ready()` is bounded by `ready_timeout`; when it
-fails or times out the answer is 503 with a line saying so (an exception's type, never its
-text). Port 0 binds a free port; `port` tells which. A port that cannot be bound is a
-`KeyturnError` naming the address.
+With `web_config` it sniffs each connection's first byte for TLS and checks basic auth or a
+client certificate (docs/configuration.md). The registry renders on a worker thread so the
+loop keeps scheduling; `ready()` is bounded by `ready_timeout`. Paths: docs/metrics.md.
 """
 
 from __future__ import annotations
