@@ -1,13 +1,8 @@
 """Pure timing rules: when to refresh, how long to back off. No I/O, no clock reads.
 
-Refresh (cert-manager, Vault Agent): at `at` (≈2/3) of the lifetime after issue, spread by
-`±jitter` of the lifetime so that tokens issued together do not refresh together, and never
-later than `expires_at - margin`. Backoff: capped exponential with full jitter (AWS
-architecture blog), bounded by what the token apps read has left: a server's `Retry-After` is
-honoured while the token is good for longer than the wait, never past its last planned refresh;
-once that point has passed (the margin is being eaten, or the token expired) a credential whose
-provider did not answer retries at the short `after_expiry` cadence instead (Vault Agent and
-cert-manager users meet the opposite: a backoff grown during an outage that outlives it).
+Refresh at `at` of the lifetime ±`jitter`, never later than `expires_at - margin`; back off
+with capped exponential full jitter, never past what the published token has left. The rules
+and their reasons: docs/configuration.md#credentialsbackoff and docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -144,19 +139,10 @@ def retry_delay(
 ) -> Retry:
     """When to retry a credential after its `failures`-th failure.
 
-    `provider_wait`: the provider gave no usable answer (down, time-out, 5xx, 429, a probe
-    unanswered). Past the token's last planned refresh (`left.past_deadline`, expired too),
-    such a credential retries every `after_expiry` seconds (±AFTER_EXPIRY_JITTER; while the
-    token is valid, no later than `URGENT_SHARE` of what it has left), whatever Retry-After
-    says: the cost of obeying it is an outage of the apps. Any provider wait, before that
-    point too, waits at least `crowd` seconds (±AFTER_EXPIRY_JITTER): the share of the
-    provider's recovery rate this credential gets when many wait
-    (`keyturn.providers.recovery`).
-
-    Otherwise the credential's backoff, capped while a token is published by `URGENT_SHARE` of
-    what it has left and by its last planned refresh (never below `URGENT_FLOOR`), so backoff
-    grown in an earlier outage cannot sleep past expiry. A server's Retry-After is a floor,
-    itself capped at `maximum` and, while a token is published, at its last planned refresh.
+    A `provider_wait` (no usable answer) past the token's last planned refresh retries every
+    `after_expiry` whatever Retry-After says (obeying it would be an outage of the apps); any
+    provider wait lasts at least `crowd` (`keyturn.providers.recovery`). Otherwise backoff, capped
+    by `URGENT_SHARE` of what the token has left and by its last refresh; Retry-After is a floor.
     """
     asked = retry_after if retry_after is not None and retry_after > 0 else None
     if provider_wait and left is not None and left.past_deadline:

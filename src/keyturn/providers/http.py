@@ -1,13 +1,9 @@
 """HTTP to a provider, shared by the token client and the http rotator.
 
-One set of small `httpx.AsyncClient` pools per provider (`ProviderHttp`, which says why); every
-response read under a total deadline and a size bound on the *decoded* body; the transient
-failures (network, time-out, 429, 5xx) translated here into keyturn's errors, so the callers
-only decide what the other statuses mean.
-
-Bodies are read raw and decoded here, a bounded piece at a time (`gzip` and `deflate` only, the
-two codings keyturn asks for): httpx would decode a whole network chunk at once, and 50 KB of
-gzip can expand to 50 MB. Never more than `limit + 1` decoded bytes exist at any moment.
+Per-provider `httpx` pools (`ProviderHttp`), every response read under a total deadline and a
+bound on the *decoded* body (keyturn decodes gzip/deflate itself, a piece at a time, so a
+compression bomb never grows memory), and transient failures (network, time-out, 429, 5xx)
+translated here. The rules: docs/provider-responses.md.
 """
 
 from __future__ import annotations
@@ -193,21 +189,10 @@ async def send_bounded(
 ) -> tuple[int, httpx.Headers, bytes]:
     """Send `request` and read at most `limit` decoded bytes of the answer, all within `deadline`.
 
-    `deadline` (default: the client's read time-out) bounds the whole exchange: waiting for a
-    pooled connection, connecting, sending, and reading every byte of the body. httpx's own
-    time-outs are per operation, so a body trickled a byte at a time would otherwise never time
-    out.
-
-    A network error or time-out is ProviderUnavailable, its message starting with `where` (it
-    names the call, never a value); its `answer_lost` says whether the provider may have
-    received the request and its answer was lost. A body keyturn refuses (longer than `limit`
-    on the wire or decoded, an encoding other than gzip/deflate, corrupt compressed data)
-    raises `oversized(description)`.
-
-    `track_sending=False` leaves httpcore's trace off (it costs 0.07-0.2 ms of CPU per
-    request, docs/performance.md) for a request whose `answer_lost` nobody reads: one whose
-    total deadline expires before an answer then says the provider may have it, even when the
-    deadline was spent waiting for a pooled connection.
+    `deadline` (default: the read time-out) bounds the whole exchange, as httpx's per-operation
+    time-outs do not. Failures to get an answer are ProviderUnavailable naming `where`; a refused
+    body raises `oversized(description)`. `track_sending=False` skips httpcore's trace (CPU), so a
+    lapsed deadline then always counts as `answer_lost`.
     """
     total = deadline if deadline is not None else http.timeout.read
     progress = _Progress(sending=not track_sending)  # untracked: maybe sent, once handed over

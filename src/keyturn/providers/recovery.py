@@ -1,22 +1,9 @@
-"""One provider's outage as its credentials live it: who waits for it to answer again, and how
-often they may knock meanwhile.
+"""One provider's outage as its credentials live it: who waits for it, how often they may knock.
 
-When a provider stops answering, each credential behind it fails on its own schedule. Those
-whose published token is past its last planned refresh retry at the short `after_expiry`
-cadence (`keyturn.policy.retry_delay`), so apps are back within seconds of the provider. With
-thousands of them, that cadence, and the tries before each token's last planned refresh too,
-would be a stampede on a provider that is down, so every retry of a credential that waits for
-the provider is stretched to at least `crowd()` seconds: `len(waiting) / rate`. Together the
-waiting credentials then knock about `rate` times a second, however many they are. `rate` is
-half the provider's `rate_limit` (the other half is left for refreshes that fall due and for
-the wake below: retries that kept the provider's token bucket full would each hold one of the
-scheduler's `max_concurrency` slots while they wait in it, and make every other run late), or
-DEFAULT_RATE without one.
-
-The stretch costs no recovery time: the first credential that gets a token again tells
-`on_back`'s listeners (the daemon wakes every other waiting credential of the provider at once,
-through the scheduler's concurrency bound and the provider's rate limit), and each woken
-refresh is due at once (`answered_since`).
+Every retry of a credential waiting for the provider is stretched to at least `crowd()`
+(waiting ÷ rate, rate half its `rate_limit`), so thousands of them do not stampede a provider
+that is down; the first that gets a token again wakes the rest (`on_back`), so the stretch
+costs no recovery time. Why half, and the figures: docs/architecture.md#a-refresh-step-by-step.
 """
 
 from __future__ import annotations
