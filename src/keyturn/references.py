@@ -1,21 +1,9 @@
-"""Secret references: where a secret lives, never the secret itself.
+"""Secret references: where a secret lives, never the secret itself (`vault:`, `env:`, `file:`).
 
-A secret never appears inline in the configuration; it is referenced:
-
-    vault:<mount>/<path>#<field>   a field of a KV v2 secret,
-                                   e.g. vault:secret/keyturn/inputs/app#client_secret
-    env:NAME                       an environment variable, e.g. env:VAULT_TOKEN
-    file:/absolute/path            a file's content, one trailing newline stripped
-                                   (e.g. systemd LoadCredential= under /run/credentials/…)
-
-`parse_reference` turns the text into a `SecretRef`; `ReferenceResolver` (or `resolve`)
-turns a `SecretRef` into a `Secret`. Vault references go through an injected
-`VaultFieldReader`, so this module does no network I/O and tests pass a fake.
-
-The text of a reference is not secret: `str(ref)` gives it back, and errors name it. Errors
-never carry the value a reference resolves to. A fourth scheme, `inline`, wraps a literal
-value that is not secret (an OAuth client id) so that consumers resolve every input the same
-way; `parse_reference` never produces it.
+`parse_reference` turns text into a `SecretRef`, `ReferenceResolver` turns that into a
+`Secret`; Vault goes through an injected `VaultFieldReader`, so no network I/O here. A
+reference's text is not secret and errors name it, never its value. `inline` wraps a
+non-secret literal (a client id) and is never parsed. docs/configuration.md#secret-references.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""`build_rotator`: the rotator a `[[rotators]]` entry describes, ready to use.
-
-    rotator = await build_rotator(config.rotators["acme-keys"], providers=config.providers,
-                                  resolver=resolver, clock=clock)
-    ...
-    await rotator.aclose()
+"""`build_rotator`: the rotator a `[[rotators]]` entry describes, ready to use (then `aclose`).
 
 An `http` rotator's `auth` reference is resolved here, once (a `SecretReferenceError` or a
-`VaultError` if it cannot be). Nothing is run or contacted: an `exec` command runs only when
-a rotation needs it.
+`VaultError` if it cannot be); nothing is run or contacted until a rotation needs it.
 """
 
 from __future__ import annotations

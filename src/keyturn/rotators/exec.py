@@ -1,23 +1,9 @@
 """The `exec` rotator: an operator's command creates, revokes and lists keys.
 
-keyturn runs `command` (no shell) once per action and writes ONE JSON object on its stdin:
-
-    {"action": "create" | "revoke" | "find", "credential": "...", "kind": "api_key",
-     "rotation_id": "...", "key_name": "...", "client_id": null, "key_id": "..." (revoke)}
-
-Nothing about the rotation is put in argv or the environment; the environment is keyturn's
-own minus every `KEYTURN_…`, `VAULT_…` and `BAO_…` variable, so the command cannot see
-keyturn's Vault token or configuration overrides. The command answers on stdout with one
-JSON object:
-
-    create   {"key": "<the new key>", "key_id": "<its id>"}   (key_id optional)
-    revoke   anything, or nothing
-    find     {"key_ids": ["...", ...]}  or  {"supported": false}
-
-Exit 0 is success. A non-zero exit is a `RotationError` with the exit code and the last line
-of stderr (at most 200 characters, with every value the command printed on stdout cut out,
-so a key cannot leak through it). Past `timeout` the command's whole process group is killed.
-stdout and stderr are read up to 64 KiB each.
+One run per action (no shell), one JSON object in on stdin and one out on stdout; nothing in
+argv, and the environment without `KEYTURN_…`, `VAULT_…`, `BAO_…`. A failure names the exit
+code and stderr's last line with every value from stdout cut out; past `timeout` the process
+group is killed. The protocol: docs/rotation.md#exec-a-command-of-yours.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The `http` rotator: a provider's key-management API, described in the configuration.
 
-    create   POST /admin/api-keys  {"name": "{key_name}"}   -> value at /key, id at /key_id
-    revoke   DELETE /admin/api-keys/{key_id}                  (404 and 410 count as revoked)
-    find     GET /admin/api-keys  -> /api_keys[*] whose /name is the key name -> their /key_id
-
-Placeholders come from the `RotationRequest` (and `key_id` for revoke): URL-quoted in a path,
-JSON-string-escaped in a body. Responses are parsed strictly and read with a size bound.
-Errors are translated here: network errors, time-outs and 5xx → `ProviderUnavailable`; 429 →
-`RateLimited` (with Retry-After); 401/403 → `RotationError` saying the rotator's own
-credential was refused; any other unexpected status or a response that does not hold what
-the configuration points to → `RotationError`. No message carries a key, the auth value or
-a response body; they name the rotator, the credential, the call and the JSON pointer.
+Placeholders are URL-quoted in a path and JSON-escaped in a body; answers are parsed strictly
+under a size bound. Transient failures are `ProviderUnavailable`/`RateLimited`, anything else
+(the rotator's own credential refused too) a `RotationError` naming rotator, credential, call
+and JSON pointer, never a key, the auth value or a body. See docs/rotation.md#rotators.
 """
 
 from __future__ import annotations
