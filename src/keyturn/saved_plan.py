@@ -1,34 +1,8 @@
-"""The daemon's plan, saved in Vault, so that a restart plans every credential without a read
-per credential.
+"""The daemon's plan, saved in Vault (no secret), so a restart needs no read per credential.
 
-Without it, a restart reads each credential's record and its published path's metadata before
-it knows when to run it: two Vault reads per credential, ~28 s for 10,000. With it, the daemon
-reads a few records at start (`<state_prefix>/_plan/<instance_id>/<n>`, up to SHARD_SIZE
-credentials each; under the private prefix, where no credential can be named: names start with
-a letter or digit) and plans each credential found there at its saved time.
-
-What is saved per credential: the next planned run, the record's token part (times, phase,
-published version, failures) and the rotation journal without any key, and a fingerprint of the
-credential's settings (with its provider and rotator). Never a secret: no refresh token, no key,
-no lease. A credential whose settings changed since, or that is not in the plan, runs at once
-as before.
-
-A saved plan is never trusted beyond what the record would say: the restored credential is
-planned at its saved time or within VERIFY_WINDOW (a random point in it, so that 10,000
-verifications do not come at once), whichever is sooner, and that run reads the record and the
-published metadata as any first run does. A plan that is stale (another instance or a command
-worked on the credential while this daemon was down) costs that early run, never a late one:
-a refresh planned before the stop is planned no later after it. Meanwhile readiness, the
-metrics and the watcher use the saved token part.
-
-The daemon saves the plan every SAVE_INTERVAL seconds when runs finished since the last save,
-and once more after the drain at shutdown.
-
-A command that works on a credential beside the daemon (`keyturn rotate`, `refresh`,
-`import-key`, `import-refresh-token`) changes its record where the daemon does not look until
-its planned run. So each command marks the credential in `<state_prefix>/_plan/touched` (name ->
-when): at start, a credential marked after (or shortly before) the daemon's last run of it is
-not restored but runs at once, as without a saved plan.
+The plan is never trusted beyond the record: a restored credential runs at its saved time or
+within VERIFY_WINDOW, if sooner, so a stale plan costs an early run, never a late one; what a
+command touched beside the daemon (`_plan/touched`) runs at once. See docs/vault.md.
 """
 
 from __future__ import annotations
