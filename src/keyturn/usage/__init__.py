@@ -1,13 +1,9 @@
 """Who reads the credentials keyturn publishes, from Vault's audit log (docs/usage.md).
 
     source (file tail or socket) → AuditParser → UsageMonitor → UsageTracker + UsageDetectors
-                                                                  ↑ UsageCollector (metrics)
 
-`Layout` says which paths matter; `Identity` is keyturn's own (its reads are not counted).
-The daemon runs it as one `keyturn.usage.service.UsageService` (with `[usage]`): the layout
-from the configuration, the identity from its token's `lookup-self`, the source of `[usage]`
-beside the scheduler, the collector on /metrics, its view on /usage, and `ConsumerHooks` for
-the jobs (a rotation's `wait_for_consumers`; the version each run sees published).
+`Layout` says which paths matter, `Identity` is keyturn's own (never counted); the daemon runs
+it all as one `keyturn.usage.service.UsageService`.
 """
 
 from __future__ import annotations

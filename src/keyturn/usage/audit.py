@@ -1,18 +1,9 @@
 """One line of Vault's (or OpenBao's) JSON audit log → one small record, or why it was skipped.
 
-Vault writes two entries per request: `"type":"request"` when it arrives and
-`"type":"response"` when it is answered. keyturn counts each read once, from its *response*:
-only the response says whether the reader got a value, and which KV version it got
-(`response.data.metadata.version`; numbers are not HMAC'd, strings are). Request entries are
-skipped without decoding them (a substring test on the line's first bytes), and so are entries
-for mounts keyturn does not watch (a substring test for `"mount_point":"<mount>/"`), so most of
-the log never reaches `json.loads`.
-
-The log keyturn reads is Vault's default one: every string value HMAC'd. keyturn needs no
-value, never asks for `log_raw`, and holds nothing of a line but the record below. A reader's
-identity is what the log shows in `auth`: its `display_name`, the role it logged in with
-(`metadata.role_name` for AppRole, `metadata.role` for Kubernetes, JWT/OIDC and others) and its
-`entity_id` (`consumer_label`).
+A read is counted from its *response* entry, the only one that says whether the reader got a
+value and which version. Request entries and unwatched mounts are skipped by substring tests
+before `json.loads`. The log is the default HMAC'd one: keyturn needs no value and keeps only
+the record. What is counted: docs/usage.md#what-is-counted.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Detectors on the audit stream; each reports through `keyturn.events.Suspicious`.
 
-| detector | fires when | severity |
-|---|---|---|
-| `unexpected_reader` | a read of a published path by an identity outside the credential's `consumers` allow list | critical |
-| `unexpected_reader` | no allow list: a read by an identity first seen after the learning period | warning |
-| `unusual_usage` | a consumer's reads in the current rate window exceed max(`rate_factor` * its baseline, `rate_floor`) | warning |
-| `unusual_usage` | a known consumer reads from a network (/24, /64) it had not read from, after learning | warning |
-| `private_state_read` | anyone but keyturn reads a state record or an input: got it / was refused | critical / warning |
-| `published_path_written` | anyone but keyturn writes, patches, deletes, undeletes or destroys a published path / changes only its metadata | critical / warning |
-| `usage_source_down` | an audit source cannot be read, once per outage (`source_down_alerts`, a source's `on_up`) | warning |
-
-A consumer's *baseline* is an exponentially weighted mean of its reads per window (windows of
-`rate_window` seconds by the audit entries' own times, so a backlog replayed at once is not a
-burst; each window weighs `baseline_alpha`, windows without reads count as 0). Nothing is
-reported while learning (`learning` seconds from the start) except allow-list violations,
-private-state reads and out-of-band writes, which need no baseline. The same detector, severity,
-credential and identity (and, for `unusual_usage`, the same rule: rate or network) is reported
-at most once per `repeat` seconds.
-"""  # noqa: E501
+Windows go by the audit entries' own times (a replayed backlog is no burst); only allow-list
+violations, private-state reads and out-of-band writes report while learning; each finding
+repeats at most once per `repeat`. Detectors, baselines, defaults: docs/usage.md#detectors.
+"""
 
 from __future__ import annotations
 

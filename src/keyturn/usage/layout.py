@@ -1,13 +1,8 @@
 """Which Vault paths the audit stream is read for, and whose they are.
 
-keyturn cares about three kinds of path, all on KV mounts:
-
-- `published`: a credential's `publish_to`, read by apps (the consumers counted);
-- `state`: keyturn's own records under `state_prefix`, which nobody else should read;
-- `input`: the `vault:` references keyturn resolves (client secrets and the like), which
-  nobody else should read either.
-
-Everything else on the watched mounts, and every other mount, is none of keyturn's business.
+`published` (a `publish_to`, read by apps: the consumers counted), `state` (keyturn's records
+under `state_prefix`) and `input` (the `vault:` references keyturn resolves); nobody else
+should read the last two. Every other path is none of keyturn's business.
 """
 
 from __future__ import annotations

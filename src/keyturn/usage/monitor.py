@@ -1,12 +1,8 @@
 """`UsageMonitor`: what happens to one parsed audit entry (a source's `on_entry`).
 
-- keyturn's own reads and writes: only a write's version is noted (the version now
-  published); nothing is counted or checked;
-- a read of a state record or an input by anyone else: `private_state_read`;
-- a read of a published path that got the value: counted (`UsageTracker`), then checked
-  (`unexpected_reader`, `unusual_usage`); a refused read is neither;
-- a change of a published path by anyone else: the version it created is noted, and
-  `published_path_written`.
+keyturn's own entries only note a written version; others' reads of state or inputs are
+`private_state_read`; a successful read of a published path is counted then checked; another
+identity's change of a published path notes its version and is `published_path_written`.
 """
 
 from __future__ import annotations

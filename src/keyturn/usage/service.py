@@ -1,11 +1,5 @@
-"""The usage monitor as the daemon runs it: built from the configuration's `[usage]` table,
-fed by one audit source, asked by rotations (`hooks()`) and by `GET /usage` (`view()`).
-
-    service = UsageService(config, own=Identity.from_lookup(lookup_self), observer=…, clock=…)
-    registry.register(service.collector)
-    await service.start()        # the file tail as a task, or the socket listening
-    ...  service.use_config(new)  # a reload: the credentials' paths and allow lists
-    await service.stop()         # the file's position saved
+"""The usage monitor as the daemon runs it: built from `[usage]`, fed by one audit source, asked
+by rotations (`hooks()`) and by `GET /usage` (`view()`); `use_config` follows a reload.
 
 Everything here runs on the event loop's thread, as the tracker requires.
 """

@@ -1,25 +1,9 @@
 """Where audit lines come from: Vault's `file` audit device (tailed) or its `socket` device.
 
-Both split what they read into lines (a line longer than `max_line` is dropped as it streams,
-never held whole), hand each line to an `AuditParser`, give each record to `on_entry`, and
-count what they skip by reason (`skipped`). Neither ever raises on bad input: a missing or
-unreadable file, a peer that sends garbage or goes away, an `on_entry` that fails, are counted,
-logged, and retried or skipped. `up` says whether the source can receive lines now.
-
-`FileAuditSource` follows the file across rotation:
-
-- *rename* (logrotate's `create`, or any `mv`): when the path names a new file, the old one
-  is read to its end for `rotate_grace` more seconds (Vault writes to it until it reopens on
-  SIGHUP), then closed; the new one is read from its start;
-- *copy-truncate*: a file that shrank below the offset read, or whose first bytes changed,
-  is read again from its start.
-
-With a `position_file` it remembers, for each file it reads, the device, inode, offset of the
-last complete line and a hash of its first bytes (no content). A restart resumes each file
-where it stopped, if that file is still there (at the path, or renamed in the same
-directory): no line is counted twice and lines written while keyturn was down are read. A
-file it never saw is read from its start; with no position at all, from its end
-(`start_at`).
+Both split input into lines (an overlong one dropped as it streams), parse them, hand records
+to `on_entry` and count skips by reason; bad input never raises. `FileAuditSource` follows
+rename and copy-truncate rotation and, with a `position_file`, resumes where it stopped.
+Behaviour: docs/usage.md#the-file-audit-device.
 """
 
 from __future__ import annotations

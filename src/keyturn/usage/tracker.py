@@ -1,13 +1,8 @@
 """Who reads each published credential: reads, last read, last version read, from where.
 
-State is in memory only (identities and addresses are never written to disk) and bounded:
-per credential at most `max_consumers` identities are kept by name; reads by any further
-identity are folded into one consumer named `other`. Each consumer remembers its last address
-and at most `max_networks` networks it has read from (for `unusual_usage`).
-
-Everything runs on the event loop's thread; the metrics collector reads from the scrape
-thread through `list(dict.values())` copies, which CPython makes atomic, so no lock is taken
-on the hot path.
+In memory only and bounded (`max_consumers` by name, the rest folded into `other`;
+`max_networks` each). Runs on the event loop's thread; the scrape thread reads
+`list(dict.values())` copies, atomic in CPython, so the hot path takes no lock.
 """
 
 from __future__ import annotations
