@@ -12,7 +12,7 @@
 # state: client secrets, refresh tokens, pending keys).
 #
 # A KV v2 read of the data path returns the custom_metadata too (managed-by, credential,
-# expires_at, writer), so the app needs nothing on secret/metadata/. It needs no list,
+# writer; expires_at is in the data), so the app needs nothing on secret/metadata/. It needs no list,
 # create, update or delete either: keyturn alone writes the path.
 # docs: deploy/vault/README.md, docs/vault.md.
 

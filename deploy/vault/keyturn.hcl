@@ -39,7 +39,7 @@ path "secret/data/apps/*" {
 }
 
 # The same paths' KV metadata: keyturn writes custom_metadata (managed-by, credential,
-# expires_at, writer) and reads the version history to spot writes and deletions made by
+# writer; only when it changes) and reads the version history to spot writes and deletions made by
 # someone else.
 path "secret/metadata/apps/*" {
   capabilities = ["create", "update", "read"]
