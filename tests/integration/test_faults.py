@@ -240,7 +240,10 @@ def test_a_sigkill_during_a_refresh_request_never_presents_that_token_again(
     refresh token, and gets a token with client_credentials."""
     findings = Findings("SIGKILL during a refresh request")
     name = "killed"
-    scene = scenes([name], lifetime=12, provider={"timeout": "3s"}, credential=LOST_MARGIN)
+    # An 8 s margin: the restart (a new process, then the 2 s answer delay) must fit between
+    # the kill and expiry on a busy machine too.
+    margin = {"refresh": {"margin": "8s", "min_interval": "500ms"}}
+    scene = scenes([name], lifetime=16, provider={"timeout": "3s"}, credential=margin)
     daemon = scene.start_daemon()
     sampler = scene.sampler.start(limit=60)
     first = sampler.wait_version(name, 1, timeout=20)
