@@ -9,9 +9,9 @@ from typing import get_args
 
 from keyturn.config import CredentialKind
 from keyturn.jobs.job import Task
-from keyturn.jobs.refresh import TokenRefresh
 from keyturn.kinds import KINDS, REGISTERED, kind_of
 from keyturn.kinds.api_key import RepublishKey
+from keyturn.kinds.oauth_client.refresh import TokenRefresh
 from keyturn.observability import catalog
 from keyturn.secret import Secret
 

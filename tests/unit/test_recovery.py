@@ -21,8 +21,8 @@ from keyturn.config import CredentialConfig, ProviderConfig
 from keyturn.errors import ProbeUnanswered, ProviderUnavailable
 from keyturn.events import Published, RetryAfterBounded, Suspicious
 from keyturn.jobs.job import CredentialJob, JobDeps
-from keyturn.jobs.refresh import PROBE_ATTEMPTS, UNVERIFIED_RECHECK
 from keyturn.kinds import build_job
+from keyturn.kinds.oauth_client.refresh import PROBE_ATTEMPTS, UNVERIFIED_RECHECK
 from keyturn.policy import AFTER_EXPIRY_JITTER, BackoffPolicy, RefreshPolicy, TokenLeft, retry_delay
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.recovery import DEFAULT_RATE, Recovery

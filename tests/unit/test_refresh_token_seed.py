@@ -18,8 +18,8 @@ from keyturn.config import Config, CredentialConfig, ProviderConfig, parse_confi
 from keyturn.errors import ConfigError, SecretReferenceError, VaultDataError, VaultUnavailable
 from keyturn.events import Suspicious
 from keyturn.jobs.job import CredentialJob, JobDeps, Outcome
-from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh
 from keyturn.kinds import build_job
+from keyturn.kinds.oauth_client.refresh import RefreshTokenRefused, TokenRefresh
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef

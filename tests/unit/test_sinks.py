@@ -26,7 +26,8 @@ from keyturn.clock import FakeClock, rfc3339
 from keyturn.config import Config, parse_config
 from keyturn.errors import ConfigError, VaultUnavailable
 from keyturn.events import Published, Restored
-from keyturn.layout import api_key_published_fields, oauth_published_fields
+from keyturn.kinds.api_key import published_fields as api_key_published_fields
+from keyturn.kinds.oauth_client.refresh import published_fields as oauth_published_fields
 from keyturn.logs import configure_logging
 from keyturn.observability import PrometheusObserver
 from keyturn.secret import Secret

@@ -19,8 +19,12 @@ from keyturn.commands.oneshot import add_credential_arguments, credential_or_rep
 from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal, Outcome
-from keyturn.jobs.refresh import RefreshTokenRefused, TokenRefresh, valid_refresh_token
 from keyturn.kinds import kind_of
+from keyturn.kinds.oauth_client.refresh import (
+    RefreshTokenRefused,
+    TokenRefresh,
+    valid_refresh_token,
+)
 from keyturn.runtime import Runtime
 from keyturn.secret import Secret
 

@@ -68,7 +68,7 @@ class StatusRow:
     waiting_reason: str | None = None
     consumers: int | None = None  # identities reading it, from the daemon (with [usage])
     # False while the published token went out without its probe's answer (probed again
-    # later, `keyturn.jobs.refresh.ProbeAgain`).
+    # later, `keyturn.kinds.oauth_client.refresh.ProbeAgain`).
     verified: bool = True
 
     def as_json(self) -> dict[str, Any]:

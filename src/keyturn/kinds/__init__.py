@@ -12,7 +12,7 @@ Dependencies point one way: kinds use the job machinery (`keyturn.jobs`); nothin
 `keyturn.jobs` imports a kind.
 """
 
-from keyturn.kinds.base import Kind
+from keyturn.kinds.base import AnyKind, Kind
 from keyturn.kinds.registry import KINDS, REGISTERED, build_job, build_jobs, kind_of
 
-__all__ = ["KINDS", "REGISTERED", "Kind", "build_job", "build_jobs", "kind_of"]
+__all__ = ["KINDS", "REGISTERED", "AnyKind", "Kind", "build_job", "build_jobs", "kind_of"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.events import Published
@@ -17,7 +18,7 @@ from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
 from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import publish_with_cas, verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
-from keyturn.layout import api_key_published_fields, published_metadata
+from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
@@ -26,6 +27,19 @@ from keyturn.state import CredentialState
 NAME = "api_key"
 # Apps read the key itself; there is no key before keyturn's first (or the adopted initial_key).
 ROTATION = RotationRules(publishes_rotated_value=True, starts_with_unheld_key=False)
+
+
+def published_fields(
+    key: Secret, key_id: str | None, created_at: float, rotate_after: float
+) -> dict[str, str | Secret]:
+    """The KV data an app reads for an API key."""
+    return {
+        "api_key": key,
+        "key_id": key_id or "",
+        "created_at": rfc3339(created_at),
+        "rotate_after": rfc3339(rotate_after),
+        "authorization": Secret(f"Bearer {key.reveal()}"),
+    }
 
 
 class ApiKeyTarget:
@@ -46,6 +60,9 @@ class ApiKeyTarget:
         self._client = client
         self._inputs = inputs
         self._deps = deps
+        # (version, custom metadata) at `publish_to` as this process last wrote or read it
+        # there: a publish on top of that version writes the metadata only if it differs.
+        self._metadata_at: tuple[int, dict[str, str]] | None = None
 
     async def verify(self, key: Secret) -> None:
         await verify_with_probe(
@@ -62,6 +79,8 @@ class ApiKeyTarget:
         self, key: Secret, key_id: str | None, created_at: float, state: CredentialState
     ) -> int:
         entry = await self._deps.store.read(self.credential.publish_to, consistent=True)
+        if entry is not None:
+            self._metadata_at = (entry.version, dict(entry.custom_metadata))
         if entry is not None and key_id is not None and entry.data.get("key_id") == key_id:
             return entry.version  # keyturn's own write, before a crash
         return await self.write(key, key_id, created_at, state)
@@ -76,22 +95,33 @@ class ApiKeyTarget:
         report: bool = True,
     ) -> int:
         """Publish `key` on top of the version keyturn last wrote (`report=False`: a conflict
-        is not reported again; the watcher already did)."""
+        is not reported again; the watcher already did). The custom metadata is written only
+        when the path does not hold it already, as this process wrote or read it there at the
+        version this publish goes on top of (as for a token: `TokenRefresh._publish`)."""
         name, provider = self.credential.name, self.credential.provider
         rotate_after = created_at + self._max_age
+        metadata = custom_metadata(name, self._deps.instance_id)
+        last = state.token.published_version
+        known, self._metadata_at = self._metadata_at, None  # unknown if the publish fails
         version = await publish_with_cas(
             self._deps.store,
             self._deps.observer,
             path=self.credential.publish_to,
-            data=api_key_published_fields(key, key_id, created_at, rotate_after),
-            metadata=published_metadata(name, rotate_after, self._deps.instance_id),
-            last_version=state.token.published_version,
+            data=published_fields(key, key_id, created_at, rotate_after),
+            metadata=metadata,
+            last_version=last,
             credential=name,
             provider=provider,
             report=report,
+            metadata_in_place=last is not None and known == (last, metadata),
         )
+        self._metadata_at = (version, metadata)
         self._deps.observer(Published(name, provider, NAME, created_at, rotate_after))
         return version
+
+    def forget_metadata(self) -> None:
+        """What is at `publish_to` is no longer known (someone else wrote there)."""
+        self._metadata_at = None
 
     async def client_id(self) -> str | None:
         return None
@@ -117,6 +147,9 @@ class RepublishKey:
         current = state.rotation
         if current.key is None or current.key_created_at is None:
             return "waiting"
+        # Someone else changed what apps read (perhaps only its custom metadata): the
+        # publish writes the custom metadata too.
+        self._target.forget_metadata()
         version = await self._target.write(
             current.key, current.key_id, current.key_created_at, state, report=False
         )
@@ -173,7 +206,7 @@ KIND = Kind(
     expiry_field="rotate_after",
     plan_field="rotate_after",
     secret_fields=frozenset({"api_key", "authorization"}),
-    published_fields=api_key_published_fields,
+    published_fields=published_fields,
     value_expires=False,
     refreshes_tokens=False,
     run_now_forces=RepublishKey.name,

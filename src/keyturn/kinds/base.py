@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, ParamSpec, Protocol
 
 from keyturn.config import CredentialConfig
 from keyturn.errors import VerificationFailed
@@ -22,6 +22,13 @@ from keyturn.references import SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
+
+# What apps read at `publish_to`: field → value (a `Secret` for each of `secret_fields`).
+PublishedData = dict[str, str | Secret]
+
+# The parameters of a kind's `published_fields` (its own values: a token and its times, a key
+# and its id and times).
+P = ParamSpec("P")
 
 # An input's value from its reference (`keyturn check --live` passes one that stops the
 # credential's check quietly when the input does not resolve: that was reported already).
@@ -75,8 +82,9 @@ async def probe_value(
 
 
 @dataclass(frozen=True, slots=True)
-class Kind:
-    """One credential kind, as the code outside `keyturn.kinds` asks about it."""
+class Kind(Generic[P]):
+    """One credential kind, as the code outside `keyturn.kinds` asks about it. `P`: the
+    parameters of its `published_fields` (each kind's own; `AnyKind` where kinds are mixed)."""
 
     # The `kind` key's value in the configuration, in events and metric labels.
     name: str
@@ -91,8 +99,9 @@ class Kind:
     plan_field: str
     # The fields that carry a secret (never logged, written only to a sink's secret files).
     secret_fields: frozenset[str]
-    # The published data, from the kind's own values (`keyturn.layout`).
-    published_fields: Callable[..., dict[str, str | Secret]]
+    # The published data, from the kind's own values (the custom metadata beside it is
+    # generic: `keyturn.layout`).
+    published_fields: Callable[P, PublishedData]
     # Whether the published value stops working at its expiry (an access token). If not (an
     # API key), it works until keyturn retires it, even past its rotation date: readiness
     # asks only that one was published, `status` says "rotation due" rather than "expired",
@@ -138,3 +147,7 @@ class Kind:
         """`status`'s verb for `expires_at`: before it, or once it has passed."""
         before, after = self.expiry_words
         return before if expires_at > now else after
+
+
+# A kind whatever its `published_fields` takes: what the registry holds.
+AnyKind = Kind[...]

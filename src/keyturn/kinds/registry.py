@@ -15,19 +15,19 @@ from keyturn.config import Config, CredentialConfig
 from keyturn.jobs.build import CredentialInputs, JobSet
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.kinds import api_key, oauth_client
-from keyturn.kinds.base import Kind
+from keyturn.kinds.base import AnyKind
 from keyturn.providers.client import ProviderClient
 from keyturn.references import ReferenceResolver
 from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 
 # Every kind, once.
-REGISTERED: tuple[Kind, ...] = (oauth_client.KIND, api_key.KIND)
+REGISTERED: tuple[AnyKind, ...] = (oauth_client.KIND, api_key.KIND)
 
-KINDS: Mapping[str, Kind] = MappingProxyType({kind.name: kind for kind in REGISTERED})
+KINDS: Mapping[str, AnyKind] = MappingProxyType({kind.name: kind for kind in REGISTERED})
 
 
-def kind_of(credential: CredentialConfig) -> Kind:
+def kind_of(credential: CredentialConfig) -> AnyKind:
     """The kind of a configured credential (the configuration admits only registered ones)."""
     return KINDS[credential.kind]
 

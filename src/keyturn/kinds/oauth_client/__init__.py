@@ -1,8 +1,9 @@
 """`oauth_client`: an OAuth 2.0 client whose access token keyturn keeps fresh.
 
-The job runs the token refresh (`keyturn.jobs.refresh`), then, when `rotation` is configured,
+The job runs the token refresh (`refresh.TokenRefresh`, which also says what apps read:
+`refresh.published_fields`), then, when `rotation` is configured,
 a client-secret rotation, then, with a `probe`, the probe of a token published unverified
-(`ProbeAgain`). A new client secret is verified by a real `client_credentials` grant
+(`refresh.ProbeAgain`). A new client secret is verified by a real `client_credentials` grant
 with it (and the probe, with the token obtained); it is never published, only kept privately,
 and the refresh uses it from then on. Apps read the access token (see `TokenRefresh`).
 """
@@ -21,11 +22,10 @@ from keyturn.errors import (
     VerificationFailed,
 )
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
-from keyturn.jobs.refresh import ProbeAgain, TokenRefresh
 from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
-from keyturn.layout import oauth_published_fields
+from keyturn.kinds.oauth_client.refresh import NAME, ProbeAgain, TokenRefresh, published_fields
 from keyturn.logs import get_logger
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import TokenResponse
@@ -35,7 +35,6 @@ from keyturn.state import CredentialState
 
 log = get_logger("keyturn.kinds")
 
-NAME = "oauth_client"
 # A client secret is never published; the one in use at first came from the inputs.
 ROTATION = RotationRules(publishes_rotated_value=False, starts_with_unheld_key=True)
 
@@ -213,7 +212,7 @@ KIND = Kind(
     expiry_field="expires_at",
     plan_field="refresh_at",
     secret_fields=frozenset({"access_token", "authorization"}),
-    published_fields=oauth_published_fields,
+    published_fields=published_fields,
     value_expires=True,
     refreshes_tokens=True,
     run_now_forces=TokenRefresh.name,

@@ -1,4 +1,5 @@
-"""Keeping an OAuth access token fresh: the `refresh` task of a credential's job.
+"""Keeping an OAuth access token fresh: the `refresh` task of an `oauth_client` credential's
+job, what it publishes (`published_fields`), and the `verify` task (`ProbeAgain`).
 
     due? ── the stored next_due (drawn from the refresh window at the last success), or now
      │      if never refreshed, failing past its retry time, or apps read something else
@@ -31,6 +32,7 @@ import re
 import uuid
 from dataclasses import dataclass, replace
 
+from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
 from keyturn.errors import (
     KeyturnError,
@@ -51,7 +53,7 @@ from keyturn.jobs.steps import (
     publish_with_cas,
     retry_after,
 )
-from keyturn.layout import custom_metadata, oauth_published_fields
+from keyturn.layout import custom_metadata
 from keyturn.logs import get_logger
 from keyturn.policy import refresh_due, retry_delay, token_left
 from keyturn.providers.client import GrantType, ProviderClient
@@ -65,13 +67,30 @@ from keyturn.state import (
     fingerprint_matches,
 )
 
-KIND = "oauth_client"
+# The kind's name (`keyturn.kinds.oauth_client.KIND`), in its events.
+NAME = "oauth_client"
 
 # RFC 6749 Appendix A: a refresh token is 1*VSCHAR.
 _VSCHAR = re.compile(r"[\x20-\x7e]+")
 
 # Answers to an imported refresh token that mean it cannot be used: it is not kept.
 IMPORT_REFUSALS = frozenset({"invalid_grant", "unauthorized_client"})
+
+
+def published_fields(
+    access_token: Secret, issued_at: float, expires_at: float, refresh_at: float
+) -> dict[str, str | Secret]:
+    """The KV data an app reads for an OAuth credential. `refresh_at` is when keyturn plans
+    to replace the token (rounded up to whole seconds: a reader that waits until then finds
+    the new one or the refresh under way), so consumers can plan their re-reads."""
+    return {
+        "access_token": access_token,
+        "token_type": "Bearer",
+        "expires_at": rfc3339(expires_at),
+        "issued_at": rfc3339(issued_at),
+        "refresh_at": rfc3339(math.ceil(refresh_at)),
+        "authorization": Secret(f"Bearer {access_token.reveal()}"),
+    }
 
 
 def valid_refresh_token(value: Secret) -> bool:
@@ -283,7 +302,7 @@ class TokenRefresh:
             Published(
                 self.credential.name,
                 self.credential.provider,
-                KIND,
+                NAME,
                 issued_at,
                 expires_at,
                 verified=verified,
@@ -774,7 +793,7 @@ class TokenRefresh:
             self._store,
             self._observer,
             path=self.credential.publish_to,
-            data=oauth_published_fields(access_token, issued_at, expires_at, refresh_at),
+            data=published_fields(access_token, issued_at, expires_at, refresh_at),
             metadata=metadata,
             last_version=last,
             credential=self.credential.name,
