@@ -22,6 +22,7 @@ from keyturn.config import Config
 from keyturn.errors import KeyturnError
 from keyturn.events import Suspicious
 from keyturn.jobs.job import Outcome, lease_in_force
+from keyturn.kinds import kind_of
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, Membership, takeover_needed
@@ -238,8 +239,8 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
         )
 
     async def republish(name: str) -> None:
-        kind = runtime.config.credential(name).kind
-        await scheduler.run_now(name, force={"republish" if kind == "api_key" else "refresh"})
+        forces = kind_of(runtime.config.credential(name)).run_now_forces
+        await scheduler.run_now(name, force={forces})
 
     keyturn = runtime.config.keyturn
     return PublishedWatcher(
@@ -351,13 +352,14 @@ class ShareKeeper:
     def need(self) -> float | None:
         """The takeover this instance's share needs (`keyturn.members.takeover_needed`), from
         the tokens its last runs left: each credential's issue and expiry and its `refresh`
-        policy. Only oauth_client credentials count: an api_key's `expires_at` is when its
-        key is due for rotation, and a key whose rotation comes late still works. Also says
+        policy. Only credentials whose value expires count (`Kind.value_expires`: an access
+        token); an api_key's `expires_at` is when its key is due for rotation, and a key whose
+        rotation comes late still works. Also says
         whether it is `waiting_for_tokens`."""
         config = self.runtime.config
-        policies = {c.name: c.refresh for c in config.credentials if c.kind == "oauth_client"}
+        policies = {c.name: c.refresh for c in config.credentials if kind_of(c).value_expires}
         tokens: list[tuple[float, float, RefreshPolicy]] = []
-        unknown = 0  # oauth_client credentials of its share whose first run has not ended
+        unknown = 0  # such credentials of its share whose first run has not ended
         for view in self.scheduler.statuses():
             state, policy = view.state, policies.get(view.name)
             if policy is None:

@@ -13,14 +13,12 @@ from pathlib import Path
 from keyturn.clock import parse_rfc3339
 from keyturn.config.schema import SinkConfig
 from keyturn.errors import KeyturnError
+from keyturn.kinds import KINDS, REGISTERED
 from keyturn.secret import Secret
 
-# The published field holding the value itself, and the one saying until when it is good.
-VALUE_FIELD = {"oauth_client": "access_token", "api_key": "api_key"}
-EXPIRY_FIELD = {"oauth_client": "expires_at", "api_key": "rotate_after"}
-PLAN_FIELD = {"oauth_client": "refresh_at", "api_key": "rotate_after"}
-# Published fields that hold a secret (kept as `Secret`; cut out of a command's output).
-SECRET_FIELDS = frozenset({"access_token", "api_key", "authorization"})
+# Published fields that hold a secret, for any kind (kept as `Secret`; cut out of a command's
+# output). Which field is a kind's value, its expiry and its plan: `KINDS[kind]`.
+SECRET_FIELDS = frozenset().union(*(kind.secret_fields for kind in REGISTERED))
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_SAFE = re.compile(r"[A-Za-z0-9_./:@%+=,-]*")
@@ -52,7 +50,7 @@ class PublishedRecord:
 
     @property
     def value(self) -> Secret:
-        value = self.fields[VALUE_FIELD[self.kind]]
+        value = self.fields[KINDS[self.kind].value_field]
         return value if isinstance(value, Secret) else Secret(value)
 
     def secrets(self) -> list[str]:
@@ -80,16 +78,17 @@ def parse_record(
         if _CONTROL.search(raw):
             raise bad(f"has a field {name!r} with a control character (e.g. a newline)")
         fields[name] = Secret(raw) if name in SECRET_FIELDS else raw
-    for required in (VALUE_FIELD[kind], EXPIRY_FIELD[kind]):
+    declared = KINDS[kind]
+    for required in (declared.value_field, declared.expiry_field):
         value = fields.get(required)
         if value is None or not (value.reveal() if isinstance(value, Secret) else value):
             raise bad(f"has no {required}")
-    expires_at = str(fields[EXPIRY_FIELD[kind]])
+    expires_at = str(fields[declared.expiry_field])
     try:
         parse_rfc3339(expires_at)
     except ValueError:
-        raise bad(f"has an {EXPIRY_FIELD[kind]} that is not an RFC 3339 time") from None
-    plan = fields.get(PLAN_FIELD[kind])
+        raise bad(f"has an {declared.expiry_field} that is not an RFC 3339 time") from None
+    plan = fields.get(declared.plan_field)
     return PublishedRecord(
         credential=credential,
         kind=kind,
