@@ -400,6 +400,9 @@ class ApiKeyCredential(CredentialConfig):
 
 
 # Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).
+# Each is named by its kind's `Kind.config` (`keyturn.kinds`), and the registry refuses to load
+# unless its `REGISTERED` names these, in this order (this module imports no kind: the
+# configuration is read before any job machinery is loaded).
 KINDS = (OAuthClientCredential, ApiKeyCredential)
 if TYPE_CHECKING:
     AnyCredential = CredentialConfig

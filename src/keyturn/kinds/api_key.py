@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
+from keyturn.config.credentials import ApiKeyCredential
 from keyturn.errors import ConfigError, KeyturnError
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
@@ -202,6 +203,7 @@ async def live_check(
 
 KIND = Kind(
     name=NAME,
+    config=ApiKeyCredential,
     value_field="api_key",
     expiry_field="rotate_after",
     plan_field="rotate_after",

@@ -88,6 +88,9 @@ class Kind(Generic[P]):
 
     # The `kind` key's value in the configuration, in events and metric labels.
     name: str
+    # Its configuration model (`keyturn.config.credentials`, one of its `KINDS`): the keys
+    # only it takes and its rules. Its `kind` tag is `name` (the registry checks).
+    config: type[CredentialConfig]
 
     # -- what apps read at `publish_to` (keyturn.layout) ------------------------------------
     # The field holding the value apps use ("access_token", "api_key").

@@ -2,16 +2,20 @@
 as its kind builds it (`build_job`), and every job of a `Config` with the provider clients
 and rotators they share (`build_jobs`).
 
-Adding a kind is one module beside this one declaring its `Kind`, and its `KIND` in
-`REGISTERED`.
+Adding a kind is one module beside this one declaring its `Kind` (which names its
+configuration model), its `KIND` in `REGISTERED`, and that model in
+`keyturn.config.credentials.KINDS` (the configuration is loaded without importing any kind, so
+it keeps its own list; importing this module fails unless the two agree).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
 from keyturn.config import Config, CredentialConfig
+from keyturn.config import credentials as configured
 from keyturn.jobs.build import CredentialInputs, JobSet
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.kinds import api_key, oauth_client
@@ -25,6 +29,26 @@ from keyturn.rotators.build import build_rotator
 REGISTERED: tuple[AnyKind, ...] = (oauth_client.KIND, api_key.KIND)
 
 KINDS: Mapping[str, AnyKind] = MappingProxyType({kind.name: kind for kind in REGISTERED})
+
+
+def _tag(model: type[CredentialConfig]) -> object:
+    """A configuration model's `kind` tag (the default of its `kind` field)."""
+    return next(f.default for f in dataclasses.fields(model) if f.name == "kind")
+
+
+def _check_registry() -> None:
+    """The registry and the configuration list the same kinds, in the same order, each kind
+    naming its own model (a kind missing from either is a programming error, found at import)."""
+    declared = tuple(kind.config for kind in REGISTERED)
+    if declared != configured.KINDS or any(_tag(k.config) != k.name for k in REGISTERED):
+        raise ImportError(
+            "keyturn.kinds.registry: REGISTERED "
+            f"{[(k.name, k.config.__name__) for k in REGISTERED]} does not match "
+            f"keyturn.config.credentials.KINDS {[m.__name__ for m in configured.KINDS]}"
+        )
+
+
+_check_registry()
 
 
 def kind_of(credential: CredentialConfig) -> AnyKind:

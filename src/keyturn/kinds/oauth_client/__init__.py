@@ -14,6 +14,7 @@ from typing import Literal
 
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
+from keyturn.config.credentials import OAuthClientCredential
 from keyturn.errors import (
     ConfigError,
     KeyturnError,
@@ -208,6 +209,7 @@ def _refusal(
 
 KIND = Kind(
     name=NAME,
+    config=OAuthClientCredential,
     value_field="access_token",
     expiry_field="expires_at",
     plan_field="refresh_at",
