@@ -45,7 +45,7 @@ from keyturn.housekeeping import (
     wall_clock_guard,
 )
 from keyturn.jobs.build import JobSet
-from keyturn.jobs.job import Checkpoint, no_checkpoint
+from keyturn.jobs.job import JobDeps
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
 from keyturn.observability import (
@@ -56,7 +56,7 @@ from keyturn.observability import (
 )
 from keyturn.observability.server import UsageView
 from keyturn.references import ReferenceResolver
-from keyturn.runtime import Context, Runtime, running, vault_store
+from keyturn.runtime import Runtime, running, vault_store
 from keyturn.saved_plan import SAVE_INTERVAL, PlanStore
 from keyturn.scheduler import CredentialScheduler
 from keyturn.sinks import SinkManager
@@ -151,11 +151,11 @@ class Daemon:
         if new is None:
             return False
         try:
-            jobs = await self.runtime.context.build_jobs(new)
+            jobs, deps = await self.runtime.build_jobs(new)
         except KeyturnError as error:
             log.error("config.reload_refused", reason=str(error))
             return False
-        previous = self.runtime.replace_jobs(jobs)
+        previous = self.runtime.replace_jobs(jobs, deps)
         changes = self.scheduler.replace_jobs(
             jobs.jobs.values(), changed=changed_credentials(old, new)
         )
@@ -212,7 +212,6 @@ async def open_daemon(
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     notifier: SystemdNotifier | None = None,
-    checkpoint: Checkpoint = no_checkpoint,
 ) -> AsyncIterator[Daemon]:
     """Start the daemon: Vault, the jobs, the scheduler and its housekeeping, local sinks,
     alerts and /metrics; on exit let in-flight runs finish and stop everything.
@@ -225,8 +224,7 @@ async def open_daemon(
     the plan is saved; then (on any exit) the sinks, the server, the dispatcher, the jobs, the
     usage monitor and the store close, in that order.
     `notifier` tells systemd (Type=notify) about start, reloads, stop and liveness; without
-    one, nobody. `checkpoint` is called at each journal point of a rotation (the crash tests
-    stop there)."""
+    one, nobody."""
     clock = clock or SystemClock()
     notifier = notifier if notifier is not None else SystemdNotifier({})
     registry = registry if registry is not None else CollectorRegistry()
@@ -245,16 +243,16 @@ async def open_daemon(
         usage = await stack.enter_async_context(
             usage_monitor(config, store, observers, clock, registry)
         )
-        context = Context(
+        deps = JobDeps.start(
+            config,
             store=store,
-            observers=observers,
+            observer=observers,
             clock=clock,
             rng=rng,
             environ=environ,
-            checkpoint=checkpoint,
             consumers=usage.hooks() if usage is not None else None,
         )
-        runtime = await stack.enter_async_context(running(config, context))
+        runtime = await stack.enter_async_context(running(config, store, deps))
         daemon = assemble(runtime, metrics, sinks, usage, registry, notifier)
         await start_serving(stack, daemon.server, dispatcher, stop_timeout=stop_timeout)
         housekeeping = await start_running(stack, daemon)
@@ -299,7 +297,7 @@ def assemble(
     notifier: SystemdNotifier,
 ) -> Daemon:
     """The scheduler over the jobs and the HTTP server over both (built, not started)."""
-    config, clock = runtime.config, runtime.context.clock
+    config, clock = runtime.config, runtime.clock
     metrics.credentials_configured(len(runtime.jobs))
     scheduler = CredentialScheduler(
         runtime.jobs.values(),
@@ -345,8 +343,7 @@ async def start_running(stack: contextlib.AsyncExitStack, daemon: Daemon) -> Hou
     (after the drain, so a value the last runs published still reaches its files). Returns
     the housekeeping to run beside the scheduler (`housekeeping`)."""
     runtime, scheduler, metrics = daemon.runtime, daemon.scheduler, daemon.metrics
-    config, context = runtime.config, runtime.context
-    instance_id = context.instance(config)
+    config, instance_id = runtime.config, runtime.instance_id
     plans = PlanKeeper(
         PlanStore(runtime.store, state_prefix=config.keyturn.state_prefix, instance_id=instance_id),
         runtime,
@@ -366,7 +363,7 @@ async def start_running(stack: contextlib.AsyncExitStack, daemon: Daemon) -> Hou
     stack.push_async_callback(daemon.sinks.stop, timeout=stop_timeout)
     await shares.members.join()  # which credentials are this instance's
     owns = shares.members.owns
-    scheduler.start(await plans.restore(context.clock, context.rng, owns), owns=owns)
+    scheduler.start(await plans.restore(runtime.clock, runtime.deps.rng, owns), owns=owns)
     metrics.membership(len(shares.members.live), len(scheduler.owned))
 
     async def stop(exc_type: type[BaseException] | None, *_exc: object) -> None:
@@ -398,7 +395,7 @@ def housekeeping(daemon: Daemon, plans: PlanKeeper, shares: ShareKeeper) -> Hous
     return, the saved plan, the membership beat and the wall-clock guard after their first
     interval."""
     runtime, scheduler, metrics = daemon.runtime, daemon.scheduler, daemon.metrics
-    config, clock = runtime.config, runtime.context.clock
+    config, clock = runtime.config, runtime.clock
     jobs = [
         Periodic(
             "vault-token",
@@ -432,14 +429,11 @@ async def run_daemon(
     reload_requests: asyncio.Queue[None] | None = None,
     registry: CollectorRegistry | None = None,
     notifier: SystemdNotifier | None = None,
-    checkpoint: Checkpoint = no_checkpoint,
 ) -> int:
     """`keyturn run`: the daemon until `stop` is set; each item put on `reload_requests`
     reloads the config file. `started` is set once it runs (an embedder that watches more
     uses `open_daemon`). See `open_daemon` for the rest."""
-    async with open_daemon(
-        config, clock=clock, registry=registry, notifier=notifier, checkpoint=checkpoint
-    ) as daemon:
+    async with open_daemon(config, clock=clock, registry=registry, notifier=notifier) as daemon:
         if started is not None:
             started.set()
         await daemon.serve(stop, reload_requests)

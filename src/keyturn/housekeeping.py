@@ -233,7 +233,7 @@ def published_watcher(runtime: Runtime, scheduler: CredentialScheduler) -> Publi
             return None, False
         state = CredentialState.from_data(entry.data, name)
         publish_to = runtime.config.credential(name).publish_to
-        now = runtime.context.clock.time()
+        now = runtime.clock.time()
         return state.token.published_version, await lease_in_force(
             runtime.store, state, publish_to, now
         )
@@ -323,18 +323,18 @@ class ShareKeeper:
         scheduler: CredentialScheduler,
         metrics: PrometheusObserver,
     ) -> ShareKeeper:
-        config, context = runtime.config, runtime.context
+        config, deps = runtime.config, runtime.deps
 
         def problem(kind: str, message: str) -> None:
             severity = "critical" if kind == "duplicate_instance_id" else "warning"
-            context.observers(Suspicious(None, None, "instance_membership", severity, message))
+            deps.observer(Suspicious(None, None, "instance_membership", severity, message))
 
         members = Membership(
-            context.store,
+            runtime.store,
             state_prefix=config.keyturn.state_prefix,
             instance_id=instance_id,
             takeover_after=config.keyturn.takeover_after,
-            clock=context.clock,
+            clock=deps.clock,
             host=socket.gethostname(),
             address=address,
             pid=os.getpid(),

@@ -1,6 +1,7 @@
-"""Wires a `Config` into live parts: the Vault store, the shared context, and the jobs (see
-`keyturn.jobs.build`). Every command that touches Vault or the service (run, refresh, rotate,
-import-key, import-refresh-token) opens a `Runtime`, so they all see the same layout and rules.
+"""Wires a `Config` into live parts: the Vault store, what every job shares (`JobDeps`), and
+the jobs (see `keyturn.kinds.build_jobs`). Every command that touches Vault or the service
+(run, refresh, rotate, import-key, import-refresh-token) opens a `Runtime`, so they all see the
+same layout and rules.
 """
 
 from __future__ import annotations
@@ -9,18 +10,17 @@ import os
 import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import replace
 
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config
 from keyturn.errors import KeyturnError
 from keyturn.events import LoggingObserver, Observer, Observers
 from keyturn.jobs.build import JobSet, lease_seconds
-from keyturn.jobs.job import Checkpoint, ConsumerHooks, CredentialJob, JobDeps, no_checkpoint
+from keyturn.jobs.job import CredentialJob, JobDeps
 from keyturn.jobs.rotation import KeyRotation
 from keyturn.kinds import build_jobs
 from keyturn.logs import get_logger
-from keyturn.references import ReferenceResolver
 from keyturn.vault.client import OnOperation
 from keyturn.vault.hvac_store import VaultStore
 from keyturn.vault.open import open_vault_store
@@ -28,64 +28,40 @@ from keyturn.vault.open import open_vault_store
 log = get_logger("keyturn.runtime")
 
 
-@dataclass(frozen=True, slots=True)
-class Context:
-    """What every job shares for the life of the process (a reload keeps it)."""
-
-    store: VaultStore
-    observers: Observers
-    clock: Clock
-    rng: random.Random
-    environ: Mapping[str, str]
-    instance_id: str | None = None  # None: the configuration's `instance_id`
-    # Called at each journal point of a rotation (a no-op; crash tests inject one that stops).
-    checkpoint: Checkpoint = no_checkpoint
-    consumers: ConsumerHooks | None = None  # the usage monitor, in a daemon with [usage]
-
-    @property
-    def resolver(self) -> ReferenceResolver:
-        return ReferenceResolver(self.environ, self.store)
-
-    def instance(self, config: Config) -> str:
-        """This process's instance id: the context's, else the configuration's."""
-        return self.instance_id or config.keyturn.instance_id
-
-    def job_deps(self, config: Config) -> JobDeps:
-        """What the jobs of `config` share: this context, with the configuration's state
-        prefix, instance id and lease length."""
-        return JobDeps(
-            store=self.store,
-            observer=self.observers,
-            clock=self.clock,
-            rng=self.rng,
-            instance_id=self.instance(config),
-            state_prefix=config.keyturn.state_prefix,
-            lease_seconds=lease_seconds(config.providers),
-            checkpoint=self.checkpoint,
-            consumers=self.consumers,
-        )
-
-    async def build_jobs(self, config: Config) -> JobSet:
-        return await build_jobs(config, self.job_deps(config), self.resolver)
-
-
 class Runtime:
-    """The live process: the shared context and the JobSet in force. Built whole; the only
-    change after construction is a reload putting a new JobSet in force (`replace_jobs`)."""
+    """The live process: the Vault store, what its jobs share (`deps`, over that store) and
+    the JobSet in force. Built whole; the only change after construction is a reload putting
+    a new JobSet in force (`replace_jobs`, with the `deps` it was built over)."""
 
-    __slots__ = ("_current", "context")
+    __slots__ = ("_current", "deps", "store")
 
-    def __init__(self, context: Context, jobs: JobSet) -> None:
-        self.context = context
+    def __init__(self, store: VaultStore, deps: JobDeps, jobs: JobSet) -> None:
+        assert deps.store is store
+        self.store = store  # deps.store, as the Vault store it is (health, token upkeep)
+        self.deps = deps
         self._current = jobs
 
     @property
     def current(self) -> JobSet:
         return self._current
 
-    def replace_jobs(self, jobs: JobSet) -> JobSet:
-        """Put `jobs` in force; returns the JobSet it replaces (to close once its runs end)."""
+    def deps_for(self, config: Config) -> JobDeps:
+        """What the jobs of `config` (a reload's) share: this process's, with its lease length
+        (the state prefix and instance id are the configuration's at start: a reload that
+        changes them is refused)."""
+        return replace(self.deps, lease_seconds=lease_seconds(config.providers))
+
+    async def build_jobs(self, config: Config) -> tuple[JobSet, JobDeps]:
+        """The jobs of `config` (a reload's), and the `deps` they share."""
+        deps = self.deps_for(config)
+        return await build_jobs(config, deps, deps.resolver), deps
+
+    def replace_jobs(self, jobs: JobSet, deps: JobDeps | None = None) -> JobSet:
+        """Put `jobs` (built over `deps`) in force; returns the JobSet it replaces (to close
+        once its runs end)."""
         previous, self._current = self._current, jobs
+        if deps is not None:
+            self.deps = deps
         return previous
 
     @property
@@ -93,12 +69,16 @@ class Runtime:
         return self._current.config
 
     @property
-    def store(self) -> VaultStore:
-        return self.context.store
+    def observers(self) -> Observer:
+        return self.deps.observer
 
     @property
-    def observers(self) -> Observers:
-        return self.context.observers
+    def clock(self) -> Clock:
+        return self.deps.clock
+
+    @property
+    def instance_id(self) -> str:
+        return self.deps.instance_id
 
     @property
     def jobs(self) -> dict[str, CredentialJob]:
@@ -145,9 +125,10 @@ async def vault_store(
 
 
 @asynccontextmanager
-async def running(config: Config, context: Context) -> AsyncIterator[Runtime]:
-    """The jobs of `config` built over `context`; the JobSet in force is closed on exit."""
-    runtime = Runtime(context, await context.build_jobs(config))
+async def running(config: Config, store: VaultStore, deps: JobDeps) -> AsyncIterator[Runtime]:
+    """The jobs of `config` built over `deps` (whose store is `store`); the JobSet in force is
+    closed on exit."""
+    runtime = Runtime(store, deps, await build_jobs(config, deps, deps.resolver))
     try:
         yield runtime
     finally:
@@ -163,21 +144,20 @@ async def open_runtime(
     instance_id: str | None = None,
     observers: Sequence[Observer] = (),
     rng: random.Random | None = None,
-    checkpoint: Checkpoint = no_checkpoint,
 ) -> AsyncIterator[Runtime]:
     """Log in to Vault and build the jobs; everything is closed on exit. (The daemon builds
     its observers over the store first: see `keyturn.daemon.open_daemon`.)"""
     clock = clock or SystemClock()
     environ = os.environ if environ is None else environ
     async with vault_store(config, clock=clock, environ=environ) as store:
-        context = Context(
+        deps = JobDeps.start(
+            config,
             store=store,
-            observers=Observers(LoggingObserver(), *observers),
+            observer=Observers(LoggingObserver(), *observers),
             clock=clock,
             rng=rng or random.Random(),  # jitter, not cryptography
             environ=environ,
             instance_id=instance_id,
-            checkpoint=checkpoint,
         )
-        async with running(config, context) as runtime:
+        async with running(config, store, deps) as runtime:
             yield runtime

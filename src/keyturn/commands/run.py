@@ -17,7 +17,6 @@ from keyturn.config import Config
 from keyturn.daemon import run_daemon
 from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
-from keyturn.jobs.job import Checkpoint, no_checkpoint
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
 
@@ -26,20 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
 
 
-def run(args: argparse.Namespace, *, checkpoint: Checkpoint = no_checkpoint) -> int:
-    """`checkpoint`: see `keyturn.jobs.rotation.CHECKPOINTS` (only the crash tests pass one)."""
+def run(args: argparse.Namespace) -> int:
     config = load_or_report(args.config, one_shot=False)
     if config is None:
         return 1
     harden_process()  # before any secret is read: keyturn.hardening
     try:
-        return asyncio.run(_main(config, checkpoint))
+        return asyncio.run(_main(config))
     except KeyturnError as error:
         get_logger("keyturn.daemon").error("daemon.failed", error=str(error))
         return 1
 
 
-async def _main(config: Config, checkpoint: Checkpoint) -> int:
+async def _main(config: Config) -> int:
     stop = asyncio.Event()
     reloads: asyncio.Queue[None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
@@ -49,6 +47,4 @@ async def _main(config: Config, checkpoint: Checkpoint) -> int:
     # Reads NOTIFY_SOCKET/WATCHDOG_* and removes them from os.environ before the runtime
     # builds exec rotators (which copy the environment): their commands must not inherit them.
     notifier = SystemdNotifier()
-    return await run_daemon(
-        config, stop, reload_requests=reloads, notifier=notifier, checkpoint=checkpoint
-    )
+    return await run_daemon(config, stop, reload_requests=reloads, notifier=notifier)

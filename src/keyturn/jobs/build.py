@@ -1,5 +1,6 @@
 """What the jobs of one configuration share and hold: a credential's inputs, resolved when a
-task asks (`CredentialInputs`), how long a lease lasts, and the `JobSet` of one configuration.
+task asks (`CredentialInputs`), and the `JobSet` of one configuration (how long a lease lasts,
+`lease_seconds`, is `keyturn.jobs.job`'s, re-exported here).
 
 Jobs are built by their credential's kind: `keyturn.kinds.build_jobs` (nothing in
 `keyturn.jobs` imports a kind).
@@ -7,27 +8,17 @@ Jobs are built by their credential's kind: `keyturn.kinds.build_jobs` (nothing i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from keyturn.config import Config, CredentialConfig, ProviderConfig
+from keyturn.config import Config, CredentialConfig
 from keyturn.errors import SecretReferenceError
-from keyturn.jobs.job import CredentialJob
+from keyturn.jobs.job import LEASE_SLACK, CredentialJob, lease_seconds
 from keyturn.providers.client import ProviderClient
 from keyturn.references import ReferenceResolver
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 
-# Added to the longest provider timeout to make the lease: one step is a provider request,
-# bounded by its timeout, and a Vault write.
-LEASE_SLACK = 10.0
-
-
-def lease_seconds(providers: Mapping[str, ProviderConfig]) -> float:
-    """How long a lease lasts: one step. Runs renew it while they go on, so a dead holder's
-    lease ends soon."""
-    return max((p.timeout for p in providers.values()), default=10.0) + LEASE_SLACK
-
+__all__ = ["LEASE_SLACK", "CredentialInputs", "JobSet", "lease_seconds"]
 
 class CredentialInputs:
     """One credential's inputs, resolved from their references when a task asks.

@@ -28,17 +28,18 @@ from __future__ import annotations
 import asyncio
 import random
 import traceback
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from keyturn.clock import Clock
-from keyturn.config import CredentialConfig
+from keyturn.config import Config, CredentialConfig, ProviderConfig
 from keyturn.errors import KeyturnError, VaultCasConflict
 from keyturn.events import Failed, Observer, Restored, Scheduled
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.policy import retry_delay, token_left
+from keyturn.references import ReferenceResolver
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, LeaseRecord
 from keyturn.vault.store import KvStore
@@ -54,14 +55,15 @@ MIN_LEASE = 2.0
 # look is one read of the record.
 LEASE_RECHECK = 2.0
 
-# Called (credential, point) after a task stores a named journal point (the rotation's are
-# `keyturn.jobs.rotation.CHECKPOINTS`): a no-op in production; the crash tests inject one that
-# stops dead there, then kill the daemon.
-Checkpoint = Callable[[str, str], Awaitable[None]]
+# Added to the longest provider timeout to make the lease: one step is a provider request,
+# bounded by its timeout, and a Vault write.
+LEASE_SLACK = 10.0
 
 
-async def no_checkpoint(credential: str, point: str) -> None:
-    """The production checkpoint: nothing."""
+def lease_seconds(providers: Mapping[str, ProviderConfig]) -> float:
+    """How long a lease lasts: one step. Runs renew it while they go on, so a dead holder's
+    lease ends soon."""
+    return max((p.timeout for p in providers.values()), default=10.0) + LEASE_SLACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,9 @@ class ConsumerHooks:
 @dataclass(frozen=True, slots=True)
 class JobDeps:
     """What every job and task of one configuration shares, passed once: where the records
-    live, who hears about runs, the time and the jitter, and who this instance is."""
+    live, who hears about runs, the time and the jitter, who this instance is, and where
+    inputs are resolved from. One per process (`JobDeps.start`); a reload keeps it but for the
+    lease length (`replace(deps, lease_seconds=lease_seconds(new.providers))`)."""
 
     store: KvStore
     observer: Observer
@@ -100,9 +104,42 @@ class JobDeps:
     state_prefix: str = "keyturn/state"
     # One step's worth of work: the longest provider timeout plus slack (see Lease).
     lease_seconds: float = 30.0
-    checkpoint: Checkpoint = no_checkpoint
     # The usage monitor, in a daemon with `[usage]`; None elsewhere (one-shot commands).
     consumers: ConsumerHooks | None = None
+    # The process's environment, for `env:` references (`resolver`).
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def start(
+        cls,
+        config: Config,
+        *,
+        store: KvStore,
+        observer: Observer,
+        clock: Clock,
+        rng: random.Random,
+        environ: Mapping[str, str],
+        consumers: ConsumerHooks | None = None,
+        instance_id: str | None = None,
+    ) -> JobDeps:
+        """The process's: the configuration's instance id (unless `instance_id` names
+        another), state prefix and lease length."""
+        return cls(
+            store=store,
+            observer=observer,
+            clock=clock,
+            rng=rng,
+            instance_id=instance_id or config.keyturn.instance_id,
+            state_prefix=config.keyturn.state_prefix,
+            lease_seconds=lease_seconds(config.providers),
+            consumers=consumers,
+            environ=environ,
+        )
+
+    @property
+    def resolver(self) -> ReferenceResolver:
+        """Secret references resolved from this process's environment and its Vault store."""
+        return ReferenceResolver(self.environ, self.store)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,8 @@ What verifying and publishing mean is the credential kind's (a `RotationTarget` 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Protocol, assert_never
 
@@ -38,7 +40,7 @@ from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig, RotationPolicy, format_duration
 from keyturn.errors import ConfigError, KeyturnError, RotationError, VerificationFailed
 from keyturn.events import RotationDuration, RotationPlanned, RotationStep, Suspicious
-from keyturn.jobs.job import Checkpoint, ConsumersOnOld, JobDeps, Journal, no_checkpoint
+from keyturn.jobs.job import ConsumersOnOld, JobDeps, Journal
 from keyturn.jobs.steps import retry_after
 from keyturn.logs import get_logger
 from keyturn.policy import backoff_delay
@@ -47,6 +49,7 @@ from keyturn.secret import Secret
 from keyturn.state import CredentialState, RotationJournal
 
 __all__ = [
+    "CHECKPOINT",
     "CHECKPOINTS",
     "Checkpoint",
     "KeyRotation",
@@ -56,9 +59,22 @@ __all__ = [
 ]
 
 # The journal points a rotation passes, in order. After each one is stored, the rotation calls
-# the job's `checkpoint` (credential, point): a no-op in production; the crash tests inject one
+# the `CHECKPOINT` in force (credential, point): a no-op in production; the crash tests set one
 # that stops dead there (keyturn_devkit.harness.paused_daemon), then kill the daemon.
 CHECKPOINTS = ("creating", "created", "pending", "verified", "published", "retiring", "revoked")
+
+# Called (credential, point) after a rotation stores a journal point.
+Checkpoint = Callable[[str, str], Awaitable[None]]
+
+
+async def no_checkpoint(credential: str, point: str) -> None:
+    """The production checkpoint: nothing."""
+
+
+# The checkpoint in force, read at each journal point: set before `asyncio.run` (by
+# keyturn_devkit.harness.paused_daemon only), it reaches every task, as asyncio's tasks and
+# callbacks (APScheduler's runs among them) start from a copy of the context they came from.
+CHECKPOINT: ContextVar[Checkpoint] = ContextVar("keyturn_checkpoint", default=no_checkpoint)
 
 # The detector of a previous key revoked at `max_grace` while consumers still read it.
 CONSUMERS_NOT_MOVED = "consumers_not_moved"
@@ -144,7 +160,6 @@ class KeyRotation:
         self._observer = deps.observer
         self._clock = deps.clock
         self._rng = deps.rng
-        self._checkpoint = deps.checkpoint
         self._consumers = deps.consumers
         self._log = get_logger("keyturn.rotation")
 
@@ -234,7 +249,7 @@ class KeyRotation:
             return
         await self._save(journal, replace(base, phase="creating"))
         self._step_event("started")
-        await self._checkpoint(self.credential, "creating")
+        await CHECKPOINT.get()(self.credential, "creating")
 
     async def _create(self, journal: Journal) -> None:
         request = await self._request(journal.state.rotation)
@@ -243,7 +258,7 @@ class KeyRotation:
             self._log.warning("rotation.orphan_revoked", credential=self.credential, key_id=orphan)
             await self._rotator.revoke(request, orphan)
         new = await self._rotator.create(request)
-        await self._checkpoint(self.credential, "created")
+        await CHECKPOINT.get()(self.credential, "created")
         created = replace(
             journal.state.rotation,
             phase="pending",
@@ -253,7 +268,7 @@ class KeyRotation:
         )
         await self._save(journal, created)
         self._step_event("created")
-        await self._checkpoint(self.credential, "pending")
+        await CHECKPOINT.get()(self.credential, "pending")
 
     async def _verify_pending(self, journal: Journal) -> None:
         rotation = journal.state.rotation
@@ -281,7 +296,7 @@ class KeyRotation:
             raise
         self._stage(journal, replace(rotation, phase="verified", verify_failures=0))
         self._step_event("verified")
-        await self._checkpoint(self.credential, "verified")
+        await CHECKPOINT.get()(self.credential, "verified")
 
     async def _make_current(self, journal: Journal) -> None:
         state, now = journal.state, self._clock.time()
@@ -296,7 +311,7 @@ class KeyRotation:
         )
         if published is not None:
             token = replace(token, published_version=published)
-            await self._checkpoint(self.credential, "published")
+            await CHECKPOINT.get()(self.credential, "published")
         if self.rules.publishes_rotated_value:  # apps read the key: its record is the token's
             rotate_after = now + self.policy.max_age
             token = replace(
@@ -327,7 +342,7 @@ class KeyRotation:
         self._observer(
             RotationPlanned(self.credential, self.provider, self.kind, now + self.policy.max_age)
         )
-        await self._checkpoint(self.credential, "retiring")
+        await CHECKPOINT.get()(self.credential, "retiring")
 
     async def _retire(self, journal: Journal) -> None:
         rotation = journal.state.rotation
@@ -339,7 +354,7 @@ class KeyRotation:
                 credential=self.credential,
                 detail="the previous key has no id: revoke it by hand if the provider keeps it",
             )
-        await self._checkpoint(self.credential, "revoked")
+        await CHECKPOINT.get()(self.credential, "revoked")
         retired = replace(
             rotation,
             phase="idle",

@@ -2,9 +2,10 @@
 at one journal point of the first rotation that reaches it (for the crash tests, which then kill
 it).
 
-The product has no test hook: the daemon takes a `checkpoint` (a no-op in production, see
-`keyturn.jobs.rotation.CHECKPOINTS`); this entry point injects one that logs `test.paused` and
-sleeps, once.
+The product has no test hook: a rotation calls the checkpoint in force at each journal point
+(`keyturn.jobs.rotation.CHECKPOINT`, a context variable whose default does nothing; see
+`CHECKPOINTS`); this entry point sets one that logs `test.paused` and sleeps, once, before it
+calls `keyturn run` (`asyncio.run` and the tasks under it start from a copy of this context).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import sys
 
 from keyturn.commands import add_config_argument, run
-from keyturn.jobs.rotation import CHECKPOINTS, Checkpoint
+from keyturn.jobs.rotation import CHECKPOINT, CHECKPOINTS, Checkpoint
 from keyturn.logs import get_logger
 
 
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("point", choices=CHECKPOINTS)
     add_config_argument(parser)
     args = parser.parse_args(argv)
-    return run.run(args, checkpoint=pausing_at(args.point))
+    CHECKPOINT.set(pausing_at(args.point))
+    return run.run(args)
 
 
 if __name__ == "__main__":
