@@ -26,8 +26,7 @@ test: $(STAMP)
 	bash scripts/system-deps.sh
 	$(BIN)/ruff check src devkit tests bench clients
 	$(BIN)/mypy
-	$(BIN)/pytest -n 3 --dist loadfile -m 'not serial'
-	$(BIN)/pytest -m serial
+	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder
 
 # The quick loop while changing code: lint, types and the unit tests (fakes only, no servers).
 check: $(STAMP)

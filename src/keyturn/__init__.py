@@ -1,10 +1,7 @@
 """keyturn: keeps the OAuth tokens and API keys of a third-party API fresh and safe in Vault."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("keyturn")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0"
+# The one place the version is written: pyproject.toml reads it (`tool.setuptools.dynamic`), so
+# no command pays for importlib.metadata to learn it.
+__version__ = "0.2.0"
 
 __all__ = ["__version__"]

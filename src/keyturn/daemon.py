@@ -21,9 +21,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from keyturn.alerts import AlertingObserver
 from keyturn.alerts.build import build_dispatcher
 from keyturn.alerts.dispatcher import AlertDispatcher
+from keyturn.alerts.observer import AlertingObserver
 from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, load_config
 from keyturn.errors import ConfigError, KeyturnError

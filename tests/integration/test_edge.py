@@ -4,8 +4,7 @@ its probe got no answer.
 
 Each test runs `keyturn run` against a real OpenBao dev server and the sandbox over loopback
 HTTP (`keyturn_devkit.harness.scene`), provokes the fault at the sandbox, and watches what
-apps read. These scenarios have seconds of slack (not the tenths the `serial` fault tests
-need), so they run beside the other modules. Measurements are printed (run with `-s`).
+apps read. These scenarios have seconds of slack. Measurements are printed (run with `-s`).
 """
 
 from __future__ import annotations

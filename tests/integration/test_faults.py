@@ -44,7 +44,7 @@ from keyturn_devkit.harness.scene import (
 )
 from keyturn_devkit.harness.vault_proxy import FaultyVaultProxy, ProxiedRequest
 
-pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 
 
 # -- 1. a token-endpoint outage ending shortly before expiry ------------------------------------
