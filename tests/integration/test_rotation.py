@@ -520,7 +520,8 @@ class FailureRun:
     sampler: KeySampler  # the API keys
     tokens: KeySampler  # SECRET's access tokens
     script: Path
-    rows: dict[str, dict[str, Any]]
+    rows: dict[str, dict[str, Any]]  # `keyturn status` once the daemon stopped
+    running: dict[str, dict[str, Any]]  # `keyturn status` just before it stopped
     log: str
     failures: dict[str, list[tuple[float, int, str]]]  # credential -> (time, count, error)
 
@@ -615,6 +616,8 @@ def failure_run(
                     keys.read(name)
                 tokens.read(SECRET)
                 time.sleep(0.1)
+            # SECRET's 10 s token may expire between the stop and a `status` read after it.
+            running = status_rows(deployment.config_path)
             assert daemon.stop() == 0
             for name in specs:
                 keys.read(name)  # what apps read now, with the daemon stopped
@@ -625,7 +628,9 @@ def failure_run(
             keys.close()
             tokens.close()
         log = daemon.log_text()
-        yield FailureRun(deployment, keys, tokens, script, rows, log, failure_events(log))
+        yield FailureRun(
+            deployment, keys, tokens, script, rows, running, log, failure_events(log)
+        )
     finally:
         blackhole.close()
         sandbox.stop()
@@ -739,8 +744,8 @@ def test_a_refused_client_secret_leaves_tokens_flowing(failure_run: FailureRun) 
     secret in use."""
     assert_always_accepted(failure_run.tokens, SECRET)
     assert len({s.value for s in failure_run.tokens.samples[SECRET]}) >= 2  # still refreshed
+    assert failure_run.running[SECRET]["phase"] == "ok"
     row = failure_run.rows[SECRET]
-    assert row["phase"] == "ok"
     assert row["rotation_phase"] in ("creating", "pending")
     assert row["rotation_error"].startswith(f"{SECRET}: ")
     assert "invalid_client" in row["rotation_error"]
