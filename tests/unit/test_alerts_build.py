@@ -16,14 +16,11 @@ from keyturn.config import parse_config
 from keyturn.errors import ConfigError, SecretReferenceError
 from keyturn.references import ReferenceResolver
 from keyturn.testing.alerts import RecordingTransport
+from keyturn_devkit.harness.configs import VAULT
 
 T0 = 1_800_000_000.0
 SLACK_URL = "https://hooks.slack.example/services/T0/B0/SLACKSECRET"
-BASE = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-"""
+BASE = VAULT
 HOOKS = """
 [[alerts]]
 name = "chat"

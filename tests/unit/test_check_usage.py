@@ -11,12 +11,9 @@ from pathlib import Path
 
 from keyturn.commands.check import usage_problems
 from keyturn.config import Config, parse_config
+from keyturn_devkit.harness.configs import VAULT
 
-BASE = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-"""
+BASE = VAULT
 
 
 def config(usage: str) -> Config:

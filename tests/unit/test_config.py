@@ -35,6 +35,7 @@ from keyturn.config.schema import AlertHookVariant
 from keyturn.errors import ConfigError
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
+from keyturn_devkit.harness.configs import VAULT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,11 +67,7 @@ publish_to = "apps/reporting/acme"
 probe = "/v1/projects"
 """
 
-MINIMAL = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+MINIMAL = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com/"

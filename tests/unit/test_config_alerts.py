@@ -13,16 +13,13 @@ from keyturn.config.keys import keys, tables
 from keyturn.config.schema import WebhookHookConfig
 from keyturn.errors import ConfigError
 from keyturn.references import SecretRef
+from keyturn_devkit.harness.configs import VAULT
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = (REPO / "docs" / "configuration.md").read_text()
 EXAMPLE = (REPO / "deploy" / "keyturn.example.toml").read_text()
 
-BASE = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+BASE = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

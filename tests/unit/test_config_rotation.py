@@ -33,14 +33,10 @@ from keyturn.config.templates import (
 )
 from keyturn.errors import ConfigError
 from keyturn.references import SecretRef
+from keyturn_devkit.harness.configs import VAULT
 
 REPO = Path(__file__).resolve().parents[2]
 
-VAULT = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-"""
 
 MINIMAL = (
     VAULT

@@ -10,12 +10,9 @@ import pytest
 from keyturn.config import parse_config
 from keyturn.config.schema import DEFAULT_MAX_GRACE, RotationPolicy, UsageSettings
 from keyturn.errors import ConfigError
+from keyturn_devkit.harness.configs import VAULT
 
-BASE = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+BASE = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

@@ -32,6 +32,7 @@ from keyturn.scheduler import JobView
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
+from keyturn_devkit.harness.configs import VAULT
 
 CREDENTIALS = [f"cred-{i}" for i in range(60)]
 RUNNING = {1, 2}  # the pids "alive" on every host of these tests
@@ -494,11 +495,7 @@ async def test_a_failing_heartbeat_is_reported_when_the_others_count_it_gone() -
 
 # -- the daemon's side: the need of its share --------------------------------------------------
 
-SHARE_CONFIG = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+SHARE_CONFIG = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

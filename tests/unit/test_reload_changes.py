@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from keyturn.config import Config, parse_config
 from keyturn.daemon import changed_credentials
+from keyturn_devkit.harness.configs import VAULT
 
-HEAD = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+HEAD = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

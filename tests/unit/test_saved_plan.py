@@ -21,14 +21,11 @@ from keyturn.scheduler import JobView
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, LeaseRecord, RefreshTokenRecord, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
+from keyturn_devkit.harness.configs import VAULT
 
 NOW = 1_800_000_000.0
 
-HEAD = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+HEAD = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

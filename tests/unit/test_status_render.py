@@ -30,14 +30,11 @@ from keyturn.layout import state_path
 from keyturn.members import Membership, members_path
 from keyturn.state import CredentialState, LeaseRecord, RotationJournal, TokenRecord
 from keyturn.testing.vault import FakeVaultStore
+from keyturn_devkit.harness.configs import VAULT
 
 DAY = 86400.0
 
-CONFIG = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-
+CONFIG = VAULT + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"

@@ -26,17 +26,14 @@ from keyturn.usage.audit import Identity
 from keyturn.usage.service import UsageService, layout_of
 from keyturn.usage.sources import FileAuditSource
 from keyturn_devkit.dev.audit import Reader, line, read_entries, write_entries
+from keyturn_devkit.harness.configs import VAULT
 
 T0 = 1_800_000_000.0
 KEYTURN = Reader(display_name="approle", role="keyturn")
 APP = Reader(display_name="approle", role="reporting", remote_address="10.0.4.21")
 BATCH = Reader(display_name="approle", role="batch", remote_address="10.0.4.30")
 
-CONFIG = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-mount = "secret"
+CONFIG = VAULT + """mount = "secret"
 
 [metrics]
 listen = "127.0.0.1:PORT"

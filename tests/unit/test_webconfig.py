@@ -14,12 +14,9 @@ from keyturn.commands.check import metrics_notes
 from keyturn.config import Config, parse_config
 from keyturn.config.webconfig import parse_web_config
 from keyturn.errors import ConfigError
+from keyturn_devkit.harness.configs import VAULT
 
-BASE = """\
-[vault]
-address = "https://vault.example.com"
-auth = { method = "token", token = "env:VAULT_TOKEN" }
-"""
+BASE = VAULT
 USAGE = '[usage]\nsource = "socket"\nsocket = "127.0.0.1:9090"\n'
 HASH = bcrypt.hashpw(b"a password", bcrypt.gensalt(rounds=4)).decode()
 
