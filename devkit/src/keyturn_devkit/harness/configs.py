@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-# The `[vault]` table every unit test's configuration starts with: a token from the
-# environment (`ENVIRON` gives it), no server behind the address.
+# The `[vault]` table unit tests' configurations start with: a token from the environment's
+# VAULT_TOKEN, no server behind the address.
 VAULT = """\
 [vault]
 address = "https://vault.example.com"
 auth = { method = "token", token = "env:VAULT_TOKEN" }
-"""
-ENVIRON = {"VAULT_TOKEN": "x"}
-
-# One provider, `acme`, as most configurations name it.
-ACME = """
-[[providers]]
-name = "acme"
-base_url = "https://acme.example.com"
 """
