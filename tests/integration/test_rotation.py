@@ -86,7 +86,9 @@ def assert_always_accepted(sampler: KeySampler, name: str) -> None:
     assert samples, f"{name}: the sampler read nothing"
     refused = [(s.at, s.key_id, s.status) for s in samples if s.status != 200]
     assert refused == [], f"{name}: an app read a key the service refused: {refused[:3]}"
-    replaced = sampler.replaced.get(name, [])
+    # Judged within the grace period only (every key here has at least 1 s): on a busy
+    # machine the sampler may call a replaced key again later than that, when a refusal is due.
+    replaced = [s for s in sampler.replaced.get(name, []) if (s.after_publish or 0.0) < 0.9]
     refused = [(s.at, s.key_id, s.status) for s in replaced if s.status != 200]
     assert refused == [], f"{name}: a key was refused right after it was replaced: {refused[:3]}"
 

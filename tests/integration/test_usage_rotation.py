@@ -6,7 +6,7 @@ After each rotation the fast app re-reads at once. For `moves` the slow app re-r
 the new key was published: the old key still works past its 1 s grace until then, and is
 refused soon after. For `stays` the slow app never re-reads: the old key is revoked at
 `max_grace` (14 s), with a `consumers_not_moved` alert naming it. Meanwhile `keyturn status`
-names whom a rotation waits for and `keyturn usage` lists both apps. Keys rotate every 16 s;
+names whom a rotation waits for and `keyturn usage` lists both apps. Keys rotate every 24 s;
 `consumer_window` (15 s) is covered by the time the first rotation asks, so keyturn can rule
 out other readers (the daemon read the audit log from its start).
 """
@@ -40,8 +40,9 @@ from keyturn_devkit.harness.key_rotation import (
 pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 
 # max_grace leaves room between the slow app's move (after 4 s, then a `status` and a `usage`
-# process, a few seconds on a busy machine) and max_grace, so "revoked once moved" shows.
-MAX_AGE, GRACE, MAX_GRACE, WINDOW = 16.0, 1.0, 14.0, 15.0
+# process, a few seconds on a busy machine) and max_grace, so "revoked once moved" shows; the
+# next rotation comes well after max_grace, so the last status still sees the first one's end.
+MAX_AGE, GRACE, MAX_GRACE, WINDOW = 24.0, 1.0, 14.0, 15.0
 SLOW_AFTER = 4.0  # the slow app re-reads `moves` this long after its new key was published
 
 
@@ -120,7 +121,7 @@ def test_the_old_key_is_revoked_once_its_consumers_moved_or_at_max_grace(
     try:
         until(lambda: all(_version(root, p) == 1 for p in paths.values()), timeout=20)
         old = {name: read(fast, path)[1] for name, path in paths.items()}
-        # Both apps read the first keys until they are replaced (a new key every 16 s).
+        # Both apps read the first keys until they are replaced (a new key every 24 s).
         rotated: dict[str, float] = {}
         deadline = time.monotonic() + MAX_AGE + 10
         while len(rotated) < 2 and time.monotonic() < deadline:
@@ -184,7 +185,7 @@ def test_the_old_key_is_revoked_once_its_consumers_moved_or_at_max_grace(
         assert detail.endswith("still read the old value (version 1 or older): token-slow")
         assert status_rows(deployment.config_path, deployment.env)["stays"]["rotation_phase"] in (
             "idle",
-            "creating",  # the next rotation (16 s) may be on its way
+            "creating",  # the next rotation (24 s) may be on its way
             "pending",
             "verified",
         )

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import hvac
 
+from keyturn.clock import parse_rfc3339
 from keyturn.commands.status import EXIT_NOT_OK, EXIT_OK
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -254,15 +255,18 @@ class KeySample:
     key_id: str  # "" for an OAuth token
     value: str  # the published api_key or access_token
     status: int  # what the service answered to it, right after it was read
+    # For a replaced key called again: seconds from the publish of its successor to the call.
+    after_publish: float | None = None
 
 
 class KeySampler:
     """Reads published paths as an app would, and calls the service with each value read.
 
     `field` is what apps use: `api_key` (API keys) or `access_token` (OAuth credentials).
-    When a published API key changes, the previous key is called again at once (in `replaced`):
-    an app that read it a moment ago must still be served, in the key's grace period. (A
-    replaced access token is not: it may expire a moment later, as planned.)
+    When a published API key changes, the previous key is called again at once (in `replaced`,
+    with the seconds since its successor was published): an app that read it a moment ago must
+    still be served, in the key's grace period. (A replaced access token is not: it may expire
+    a moment later, as planned.)
     """
 
     def __init__(
@@ -299,9 +303,10 @@ class KeySampler:
         samples = self.samples.setdefault(name, [])
         if self.field == "api_key" and samples and samples[-1].value != value:
             old = samples[-1]
-            again = KeySample(
-                time.time(), old.version, old.key_id, old.value, self._call(old.value)
-            )
+            published = parse_rfc3339(read["data"]["metadata"]["created_time"])
+            status = self._call(old.value)
+            now = time.time()
+            again = KeySample(now, old.version, old.key_id, old.value, status, now - published)
             self.replaced.setdefault(name, []).append(again)
         samples.append(sample)
         return sample
