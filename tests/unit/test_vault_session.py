@@ -59,6 +59,18 @@ def test_proxy_variables_and_no_proxy_are_read_per_vault_node(
     assert environment_proxies("https://vault-b.internal:8200") == {}
 
 
+async def _write_apps_x(client: VaultClient, body: dict[str, Any]) -> Any:
+    """A KV v2 write of `secret/apps/x` as the store makes it: the answer's body."""
+    return await client.request(
+        "POST",
+        api_url("secret", "data", "apps/x"),
+        kind="write",
+        operation="write",
+        path="secret/apps/x",
+        json=body,
+    )
+
+
 async def test_the_session_no_longer_looks_at_the_environment_on_each_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -108,14 +120,7 @@ async def test_a_vault_call_reaches_the_transport_with_the_token_body_and_settin
     )
     client.set_token(Secret("s.test-token"))
     try:
-        body = await client.request(
-            "POST",
-            api_url("secret", "data", "apps/x"),
-            kind="write",
-            operation="write",
-            path="secret/apps/x",
-            json={"data": {"access_token": "a b"}, "options": {"cas": 3}},
-        )
+        body = await _write_apps_x(client, {"data": {"access_token": "a b"}, "options": {"cas": 3}})
     finally:
         await client.close()
     assert body == {"data": {"version": 4}}
@@ -147,14 +152,7 @@ async def test_a_redirect_is_followed_as_requests_follows_it() -> None:
     client = VaultClient(VaultConnection("https://vault-a.internal:8200"), transport=recorder)
     client.set_token(Secret("s.test-token"))
     try:
-        body = await client.request(
-            "POST",
-            api_url("secret", "data", "apps/x"),
-            kind="write",
-            operation="write",
-            path="secret/apps/x",
-            json={"data": {"k": "v"}},
-        )
+        body = await _write_apps_x(client, {"data": {"k": "v"}})
     finally:
         await client.close()
     assert body == {"data": {"version": 5}}
@@ -240,16 +238,7 @@ async def _write(address: str, *, ca_cert: Path | None = None) -> list[Any]:
     outcomes: list[Any] = []
     try:
         try:
-            outcomes.append(
-                await client.request(
-                    "POST",
-                    api_url("secret", "data", "apps/x"),
-                    kind="write",
-                    operation="write",
-                    path="secret/apps/x",
-                    json={"data": {"k": "v"}},
-                )
-            )
+            outcomes.append(await _write_apps_x(client, {"data": {"k": "v"}}))
         except VaultUnavailable as error:
             outcomes.append(error)
     finally:
@@ -283,16 +272,7 @@ async def test_an_idle_connection_the_server_closed_is_not_used_again() -> None:
     answers = []
     try:
         for _ in range(2):
-            answers.append(
-                await client.request(
-                    "POST",
-                    api_url("secret", "data", "apps/x"),
-                    kind="write",
-                    operation="write",
-                    path="secret/apps/x",
-                    json={"data": {"k": "v"}},
-                )
-            )
+            answers.append(await _write_apps_x(client, {"data": {"k": "v"}}))
             assert server.answered.acquire(timeout=5)  # the server has closed that connection
     finally:
         await client.close()
