@@ -2,7 +2,7 @@
 
 In Vault the record is one KV entry of string fields, named as docs/vault.md lists them (an
 existing deployment must read the records it wrote). In Python it is a `CredentialState` of
-four typed parts, each changed with `dataclasses.replace` (so mypy sees every field name):
+five typed parts, each changed with `dataclasses.replace` (so mypy sees every field name):
 
     lease      which instance works on the credential now, and until when (or until which
                published version lands)
@@ -10,7 +10,9 @@ four typed parts, each changed with `dataclasses.replace` (so mypy sees every fi
     token      what apps read (when issued, until when, its KV version) and how the last run
                went; for an api_key the key: `issued_at` its creation, `expires_at` its
                rotate-after time
-    rotation   the rotation journal of an API key or a client secret
+    rotation   the rotation journal of an API key, a client secret or a signing key
+    own        what a kind keeps of its own (a signing key's registration access token): one
+               secret JSON object that only the kind's module reads (`KindRecord`)
 
 `FIELDS` declares each stored field once: its KV name, the part and attribute it maps to, and
 its codec. `to_data` and `from_data` are driven by it and nothing else.
@@ -136,6 +138,15 @@ class RotationJournal:
 
 
 @dataclass(frozen=True, slots=True)
+class KindRecord:
+    """What a credential kind keeps of its own beside the journal, e.g. a signing key's
+    registration access token: one JSON object, held as a secret, that generic code stores and
+    never reads (the kind's module gives it a type)."""
+
+    data: Secret | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CredentialState:
     """keyturn's private record for one credential."""
 
@@ -143,6 +154,7 @@ class CredentialState:
     refresh: RefreshTokenRecord = field(default_factory=RefreshTokenRecord)
     token: TokenRecord = field(default_factory=TokenRecord)
     rotation: RotationJournal = field(default_factory=RotationJournal)
+    own: KindRecord = field(default_factory=KindRecord)
 
     def to_data(self) -> dict[str, str | Secret]:
         """KV data: every value a string (times as exact epoch seconds), absent values left
@@ -174,6 +186,7 @@ class CredentialState:
             refresh=RefreshTokenRecord(**values["refresh"]),
             token=TokenRecord(**values["token"]),
             rotation=RotationJournal(**values["rotation"]),
+            own=KindRecord(**values["own"]),
         )
 
 
@@ -261,7 +274,7 @@ NAMES: Codec[tuple[str, ...]] = Codec(encode=_encode_names, decode=_decode_names
 PHASE: Codec[Phase] = _phase(PHASES)
 ROTATION_PHASE: Codec[RotationPhase] = _phase(ROTATION_PHASES)
 
-Part: TypeAlias = Literal["lease", "refresh", "token", "rotation"]
+Part: TypeAlias = Literal["lease", "refresh", "token", "rotation", "own"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +327,7 @@ FIELDS: tuple[StoredField, ...] = (
     StoredField("verify_failures", "rotation", "verify_failures", COUNT),
     StoredField("rotation_error", "rotation", "error", TEXT),
     StoredField("rotation_retry_at", "rotation", "retry_at", TIME),
+    StoredField("kind_record", "own", "data", SECRET),
 )
 
 

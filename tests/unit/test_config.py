@@ -623,5 +623,6 @@ def test_each_literal_is_the_tags_of_its_union() -> None:
 def test_a_file_must_name_each_credential_s_kind() -> None:
     [line] = problems(MINIMAL.replace('kind = "oauth_client"\n', ""))
     assert line == (
-        'k.toml: credentials["reporting"].kind: missing; expected one of "oauth_client", "api_key"'
+        'k.toml: credentials["reporting"].kind: missing; expected one of "oauth_client", '
+        '"api_key", "signing_key"'
     )

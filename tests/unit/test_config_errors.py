@@ -280,13 +280,13 @@ CASES: list[tuple[str, str | None, str, str]] = [
         "credentials[0].kind",
         None,
         f"{CRED}.kind",
-        'missing; expected one of "oauth_client", "api_key"',
+        'missing; expected one of "oauth_client", "api_key", "signing_key"',
     ),
     (
         "credentials[0].kind",
         '"apikey"',
         f"{CRED}.kind",
-        'got "apikey"; expected one of "oauth_client", "api_key"',
+        'got "apikey"; expected one of "oauth_client", "api_key", "signing_key"',
     ),
     (
         "credentials[0].initial_key",

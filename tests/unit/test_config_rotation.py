@@ -266,7 +266,7 @@ def test_rotation_objects_are_frozen_and_read_only() -> None:
 def test_the_shipped_example_has_every_rotator_type_and_an_api_key() -> None:
     config = load_config(REPO / "deploy" / "keyturn.example.toml", environ={})
     assert {r.type for r in config.rotators.values()} == {"http", "exec", "manual"}
-    assert {c.kind for c in config.credentials} == {"oauth_client", "api_key"}
+    assert {c.kind for c in config.credentials} == {"oauth_client", "api_key", "signing_key"}
     for credential in config.credentials:
         if credential.kind == "api_key":
             assert credential.client_id is None

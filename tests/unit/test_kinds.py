@@ -12,6 +12,8 @@ from keyturn.jobs.job import Task
 from keyturn.kinds import KINDS, REGISTERED, kind_of
 from keyturn.kinds.api_key import RepublishKey
 from keyturn.kinds.oauth_client.refresh import TokenRefresh
+from keyturn.kinds.signing_key import SigningKeyRotation
+from keyturn.kinds.signing_key.keys import generate
 from keyturn.observability import catalog
 from keyturn.secret import Secret
 
@@ -29,6 +31,7 @@ def test_a_kind_names_fields_its_published_data_holds() -> None:
     samples = {
         "oauth_client": (Secret("tok"), 100.0, 400.0, 300.0),
         "api_key": (Secret("key"), "k1", 100.0, 400.0),
+        "signing_key": (generate("ES256"), "billing", 100.0, 400.0, Secret("issued")),
     }
     for kind in REGISTERED:
         fields = kind.published_fields(*samples[kind.name])
@@ -40,7 +43,11 @@ def test_a_kind_names_fields_its_published_data_holds() -> None:
 
 def test_what_run_now_forces_is_one_of_the_kinds_tasks() -> None:
     """The task a run-now forces is a task its job runs (`Task.name`)."""
-    tasks: dict[str, type[Task]] = {"oauth_client": TokenRefresh, "api_key": RepublishKey}
+    tasks: dict[str, type[Task]] = {
+        "oauth_client": TokenRefresh,
+        "api_key": RepublishKey,
+        "signing_key": SigningKeyRotation,
+    }
     for kind in REGISTERED:
         assert kind.run_now_forces == tasks[kind.name].name
 

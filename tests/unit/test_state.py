@@ -15,6 +15,7 @@ from keyturn.secret import Secret
 from keyturn.state import (
     FIELDS,
     CredentialState,
+    KindRecord,
     LeaseRecord,
     RefreshTokenRecord,
     RotationJournal,
@@ -196,10 +197,11 @@ def test_each_stored_field_is_declared_once() -> None:
             ("refresh", RefreshTokenRecord),
             ("token", TokenRecord),
             ("rotation", RotationJournal),
+            ("own", KindRecord),
         )
         for attribute in dataclasses.fields(record)
     }
-    assert parts == {"lease", "refresh", "token", "rotation"}
+    assert parts == {"lease", "refresh", "token", "rotation", "own"}
     assert declared == every
 
 

@@ -27,9 +27,11 @@ from keyturn.config.fields import (
     MAX_TIMEOUT,
     MODE,
     NAME,
+    NAME_EXPECTED,
     OUTSIDE_STATE_PREFIX,
     REFERENCE_OR_INLINE,
     SINK_PATH,
+    URL,
     Check,
     Invalid,
     LoadContext,
@@ -57,7 +59,7 @@ from keyturn.config.fields import (
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
-CredentialKind = Literal["oauth_client", "api_key"]
+CredentialKind = Literal["oauth_client", "api_key", "signing_key"]
 SinkFormat = Literal["raw", "json", "env"]
 
 # How long after a new key is published its predecessor lives at most while keyturn waits for
@@ -116,11 +118,18 @@ class RotationPolicy(Table):
     # A key may live up to ten years; the old one stays valid for at most a year after.
     max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
     grace: Annotated[float, MARGIN] = 3600.0
-    rotator: Annotated[str, NAME, refers_to("rotators", "rotator")]
+    # Required by the kinds whose keys a rotator creates (`needs_rotator`); a signing key is
+    # made by keyturn itself and registered as its `registration` says.
+    rotator: Annotated[str | None, NAME, refers_to("rotators", "rotator")] = None
     verify_attempts: Annotated[int, integer(1, 100)] = 5
     wait_for_consumers: Annotated[bool, BOOLEAN] = False
     consumer_window: Annotated[float, duration(positive=True)] = DAY
     max_grace: Annotated[float | None, MARGIN] = None
+
+    def needs_rotator(self) -> Iterator[tuple[Where, str]]:
+        """The problem of a kind whose keys a rotator creates, when none is named."""
+        if self.rotator is None:
+            yield ("rotation", "rotator"), f"missing; expected {NAME_EXPECTED}"
 
     def longest_grace(self) -> float:
         """How long after the new key is published the old one is revoked at the latest when
@@ -297,7 +306,7 @@ class CredentialConfig(Table):
     def _rotator_in(self, context: LoadContext) -> tuple[str, str | None, bool] | None:
         """The rotator `rotation` names, as the file declares it: its name, its type and
         whether its templates use {client_id} (None without a rotation, or a guess)."""
-        if self.rotation is None or context.rotators is None:
+        if self.rotation is None or self.rotation.rotator is None or context.rotators is None:
             return None
         name = self.rotation.rotator
         return name, *context.rotators.get(name, (None, False))
@@ -337,6 +346,8 @@ class OAuthClientCredential(CredentialConfig):
     initial_key_id: Annotated[None, _NOT_OAUTH] = None
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.rotation is not None:
+            yield from self.rotation.needs_rotator()
         if self.rotation is not None and self.rotation.wait_for_consumers:
             message = (
                 "is true for an oauth_client, whose client secret is never published, so no "
@@ -384,6 +395,7 @@ class ApiKeyCredential(CredentialConfig):
     ] = None
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        yield from self.rotation.needs_rotator()
         if self.initial_key_id is not None and self.initial_key is None:
             message = (
                 "is set without initial_key; expected initial_key (a reference to the key "
@@ -399,11 +411,110 @@ class ApiKeyCredential(CredentialConfig):
             yield ("rotation", "rotator"), message
 
 
+SigningAlgorithm = Literal["RS256", "PS256", "ES256", "EdDSA"]
+RSA_ALGORITHMS = ("RS256", "PS256")
+DEFAULT_RSA_BITS = 3072
+_NOT_SIGNING_KEY = NotAKey(
+    'not allowed for kind "signing_key", whose key keyturn makes itself and which '
+    "authenticates with no client secret and holds no token"
+)
+
+
+@table(kw_only=True)
+class Rfc7592Registration(Table):
+    """`registration = { method = "rfc7592", … }`: the public keys are registered by a `PUT` of
+    the client's metadata (RFC 7592) at `client_uri`, authorised by the registration access
+    token; `access_token` seeds keyturn's private state with it once (keyturn keeps the
+    rotated ones)."""
+
+    method: Literal["rfc7592"] = "rfc7592"
+    client_uri: Annotated[str, URL]
+    access_token: Annotated[
+        SecretRef | None,
+        secret_reference(
+            'access_token = "vault:secret/keyturn/inputs/<name>#registration_access_token"'
+        ),
+    ] = None
+
+
+@table(kw_only=True)
+class JwksRegistration(Table):
+    """`registration = { method = "jwks", … }`: keyturn publishes the client's JWKS document
+    (the keys in use and in grace) at a Vault path (`publish_to`) and/or a file on its host
+    (`file`) that the server fetches as the client's `jwks_uri`."""
+
+    method: Literal["jwks"] = "jwks"
+    publish_to: Annotated[
+        str | None,
+        KV_PATH,
+        OUTSIDE_STATE_PREFIX,
+        Unique("each credential to publish to its own path"),
+    ] = None
+    file: Annotated[Path | None, SINK_PATH, Unique("each sink to write its own file")] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.publish_to is None and self.file is None:
+            yield "publish_to", (
+                "missing, and so is file; expected where the JWKS document goes: publish_to "
+                "(a Vault path), file (a path on keyturn's host), or both"
+            )
+
+
+Registration = Annotated[
+    Rfc7592Registration | JwksRegistration,
+    Field(discriminator="method"),
+    described(
+        'a table, e.g. registration = { method = "rfc7592", client_uri = '
+        '"https://idp.example/reg/billing" } or { method = "jwks", publish_to = '
+        '"apps/billing/jwks" }'
+    ),
+]
+
+
+@table(kw_only=True)
+class SigningKeyCredential(CredentialConfig):
+    """`kind = "signing_key"`: a key pair keyturn makes (`algorithm`, RSA of `key_size`
+    bits), rotates on `rotation`'s schedule and registers with the server as `registration`
+    says; a token request for `client_id` signed with a new key (`private_key_jwt`) proves it
+    before apps and `oauth_client` credentials use it."""
+
+    kind: Literal["signing_key"] = "signing_key"
+    client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
+    client_secret: Annotated[None, _NOT_SIGNING_KEY] = None
+    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
+    refresh_token: Annotated[None, _NOT_SIGNING_KEY] = None
+    refresh: Annotated[RefreshPolicy, _NOT_SIGNING_KEY] = dataclasses.field(
+        default_factory=RefreshPolicy
+    )
+    initial_key: Annotated[None, _NOT_SIGNING_KEY] = None
+    initial_key_id: Annotated[None, _NOT_SIGNING_KEY] = None
+    rotation: Annotated[
+        RotationPolicy,
+        described('a table, e.g. rotation = { max_age = "90d", grace = "1d" }'),
+    ]
+    algorithm: SigningAlgorithm = "ES256"
+    key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
+    registration: Registration
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.rotation.rotator is not None:
+            yield ("rotation", "rotator"), (
+                f'is "{self.rotation.rotator}" for a signing_key, whose key keyturn makes '
+                "itself; expected no rotator (registration says how the public key reaches "
+                "the server)"
+            )
+        if self.key_size is not None and self.algorithm not in RSA_ALGORITHMS:
+            yield "key_size", (
+                f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
+                'key_size only with "RS256" or "PS256"'
+            )
+
+
 # Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).
 # Each is named by its kind's `Kind.config` (`keyturn.kinds`), and the registry refuses to load
 # unless its `REGISTERED` names these, in this order (this module imports no kind: the
 # configuration is read before any job machinery is loaded).
-KINDS = (OAuthClientCredential, ApiKeyCredential)
+KINDS = (OAuthClientCredential, ApiKeyCredential, SigningKeyCredential)
 if TYPE_CHECKING:
     AnyCredential = CredentialConfig
 else:

@@ -740,9 +740,9 @@ class Rule:
 def refers_to(section: str, what: str) -> Rule:
     """The name of an entry of `section` (when every entry there has a valid name)."""
 
-    def judge(name: str, context: LoadContext) -> str | None:
+    def judge(name: str | None, context: LoadContext) -> str | None:
         declared = getattr(context, section)
-        if declared is None or name in declared:
+        if declared is None or name is None or name in declared:
             return None
         known = ", ".join(f'"{n}"' for n in declared) or f"none (add a [[{section}]] entry)"
         return f'no {what} is named "{name}"; expected one of: {known}'

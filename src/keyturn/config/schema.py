@@ -733,6 +733,6 @@ class Config:
 
     def rotator_of(self, credential: CredentialConfig) -> RotatorConfig | None:
         """The rotator a credential's rotation uses; None if it has no rotation policy."""
-        if credential.rotation is None:
+        if credential.rotation is None or credential.rotation.rotator is None:
             return None
         return self.rotators[credential.rotation.rotator]

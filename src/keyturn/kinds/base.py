@@ -9,7 +9,7 @@ kind's `RotationTarget`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, ParamSpec, Protocol
 
@@ -81,6 +81,11 @@ async def probe_value(
         )
 
 
+def no_details(state: CredentialState, credential: str) -> Mapping[str, str]:
+    """A kind with nothing to add to `keyturn status`'s row."""
+    return {}
+
+
 @dataclass(frozen=True, slots=True)
 class Kind(Generic[P]):
     """One credential kind, as the code outside `keyturn.kinds` asks about it. `P`: the
@@ -130,6 +135,9 @@ class Kind(Generic[P]):
     # The EXPIRY column before and after `expiry_field`'s time: "expires"/"expired",
     # "rotates"/"rotation due".
     expiry_words: tuple[str, str]
+    # What `status` adds to a credential's row from its record (a signing key: the key ids the
+    # server holds), as label → words: the ROTATION column and `--json`'s `details`.
+    status_details: Callable[[CredentialState, str], Mapping[str, str]] = no_details
 
     @property
     def shows_key_id(self) -> bool:

@@ -18,7 +18,7 @@ from keyturn.config import Config, CredentialConfig
 from keyturn.config import credentials as configured
 from keyturn.jobs.build import CredentialInputs, JobSet
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
-from keyturn.kinds import api_key, oauth_client
+from keyturn.kinds import api_key, oauth_client, signing_key
 from keyturn.kinds.base import AnyKind
 from keyturn.providers.client import ProviderClient
 from keyturn.references import ReferenceResolver
@@ -26,7 +26,7 @@ from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 
 # Every kind, once.
-REGISTERED: tuple[AnyKind, ...] = (oauth_client.KIND, api_key.KIND)
+REGISTERED: tuple[AnyKind, ...] = (oauth_client.KIND, api_key.KIND, signing_key.KIND)
 
 KINDS: Mapping[str, AnyKind] = MappingProxyType({kind.name: kind for kind in REGISTERED})
 
@@ -68,6 +68,15 @@ def build_job(
     return kind_of(credential).job(credential, client, rotator, inputs, deps)
 
 
+def _rotator_of(
+    credential: CredentialConfig, rotators: Mapping[str, Rotator]
+) -> Rotator | None:
+    """The rotator a credential's rotation names (a signing key's names none: keyturn makes
+    its keys)."""
+    named = credential.rotation.rotator if credential.rotation is not None else None
+    return rotators[named] if named is not None else None
+
+
 async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver) -> JobSet:
     """One pooled client per provider, the rotators credentials use, one job per credential.
     Whatever was built is closed if a later part fails."""
@@ -80,7 +89,8 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
     )
     try:
         used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
-        for name in sorted(used):  # an unused rotator is never built (nor its auth resolved)
+        # An unused rotator is never built (nor its auth resolved).
+        for name in sorted(name for name in used if name is not None):
             built.rotators[name] = await build_rotator(
                 config.rotators[name],
                 providers=config.providers,
@@ -91,7 +101,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
             built.jobs[credential.name] = build_job(
                 credential,
                 built.clients[credential.provider],
-                built.rotators[credential.rotation.rotator] if credential.rotation else None,
+                _rotator_of(credential, built.rotators),
                 CredentialInputs(credential, resolver),
                 deps,
             )

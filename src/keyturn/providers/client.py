@@ -70,6 +70,12 @@ class ProviderClient:
     def __repr__(self) -> str:
         return f"ProviderClient({self.provider.name!r}, {self.provider.base_url!r})"
 
+    @property
+    def http(self) -> ProviderHttp:
+        """The provider's pooled connections, for a kind's own calls to it (a signing key's
+        registration endpoint)."""
+        return self._http
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

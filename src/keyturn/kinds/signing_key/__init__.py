@@ -1,0 +1,302 @@
+"""`signing_key`: a key pair that replaces a client secret (`private_key_jwt`), rotated
+through the same journal as an API key (`keyturn.jobs.rotation`).
+
+A new key pair is made by keyturn (`keys.generate`) and stored privately first (`pending`);
+its public half is then registered beside the key in use (`registration`: RFC 7592 or a
+published JWKS), and a token request signed with it proves it (`verified`); then it is
+published where apps read it and becomes the key in use; after the grace period (and, with
+`wait_for_consumers`, once nobody reads the old one) the old public key is removed from the
+server. Apps read `private_key` (PEM), `kid`, `alg`, `public_jwk`, `client_id`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+
+from keyturn.clock import rfc3339
+from keyturn.config import CredentialConfig
+from keyturn.config.credentials import Rfc7592Registration, SigningKeyCredential
+from keyturn.errors import ConfigError, KeyturnError
+from keyturn.events import Published
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
+from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RotationRules
+from keyturn.jobs.steps import publish_with_cas
+from keyturn.kinds.base import Kind, Resolve
+from keyturn.kinds.signing_key import keys, record
+from keyturn.kinds.signing_key.keys import SigningKey
+from keyturn.kinds.signing_key.registration import JwksDocument, PublicKey, Registrar, Rfc7592
+from keyturn.layout import custom_metadata
+from keyturn.providers.client import ProviderClient
+from keyturn.rotators.base import NewKey, RotationRequest, Rotator
+from keyturn.secret import Secret
+from keyturn.state import CredentialState
+
+NAME = "signing_key"
+# Apps (and oauth_client credentials) read the key itself; keyturn makes the first one.
+ROTATION = RotationRules(publishes_rotated_value=True, starts_with_unheld_key=False)
+# The journal point between the registration of a new public key and its proof.
+REGISTERED = "registered"
+
+# Proves a key: a token request for the client, authenticated by an assertion signed with it
+# (`private_key_jwt`); VerificationFailed if the server refuses it.
+Prover = Callable[[SigningKeyCredential, ProviderClient, str, SigningKey], Awaitable[None]]
+
+
+def published_fields(
+    key: SigningKey,
+    client_id: str,
+    created_at: float,
+    rotate_after: float,
+    client_secret: Secret | None = None,
+) -> dict[str, str | Secret]:
+    """The KV data an app reads for a signing key."""
+    fields: dict[str, str | Secret] = {
+        "private_key": key.private_pem(),
+        "kid": key.kid,
+        "alg": key.alg,
+        "public_jwk": json.dumps(key.public_jwk(), sort_keys=True),
+        "client_id": client_id,
+        "created_at": rfc3339(created_at),
+        "rotate_after": rfc3339(rotate_after),
+    }
+    if client_secret is not None:  # the server issued one on a registration update
+        fields["client_secret"] = client_secret
+    return fields
+
+
+class KeyMaker:
+    """The journal's `Rotator` for a signing key: `create` makes a key pair here (nothing is
+    created at the server, so nothing is orphaned there); `revoke` removes a public key from the
+    registration."""
+
+    name = "keyturn"
+
+    def __init__(self, target: SigningKeyTarget) -> None:
+        self._target = target
+
+    async def create(self, request: RotationRequest) -> NewKey:
+        credential = self._target.credential
+        made = keys.generate(credential.algorithm, credential.key_size)
+        return NewKey(made.secret(), made.kid)
+
+    async def revoke(self, request: RotationRequest, key_id: str) -> None:
+        await self._target.unregister(key_id)
+
+    async def find(self, request: RotationRequest) -> list[str] | None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class SigningKeyTarget:
+    """The `RotationTarget` of a signing key: registered then proven by a token request,
+    published where apps read it."""
+
+    rules = ROTATION
+
+    def __init__(
+        self,
+        credential: SigningKeyCredential,
+        client: ProviderClient,
+        inputs: Inputs,
+        deps: JobDeps,
+        registrar: Registrar,
+        prove: Prover,
+    ) -> None:
+        self.credential = credential
+        self._client = client
+        self._deps = deps
+        self._registrar = registrar
+        self._prove = prove
+        self._journal: Journal | None = None
+
+    def bind(self, journal: Journal | None) -> None:
+        """The journal of the run in progress (registration calls store their tokens in it)."""
+        self._journal = journal
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:  # pragma: no cover - the rotation task binds it
+            raise KeyturnError("a signing key's rotation ran outside its task")
+        return self._journal
+
+    def _load(self, value: Secret) -> SigningKey:
+        return keys.load(value, credential=self.credential.name)
+
+    def _current(self) -> PublicKey | None:
+        current = self.journal.state.rotation.key
+        return self._load(current).public_jwk() if current is not None else None
+
+    async def verify(self, key: Secret) -> None:
+        new = self._load(key)
+        await self._registrar.add(self.journal, new.public_jwk(), self._current())
+        await CHECKPOINT.get()(self.credential.name, REGISTERED)
+        await self._prove(self.credential, self._client, await self._client_id(), new)
+
+    async def unregister(self, kid: str) -> None:
+        # No key in use: the first key failed its proof, and nothing else there is keyturn's.
+        await self._registrar.remove(self.journal, kid, self._current())
+
+    async def publish(
+        self, key: Secret, key_id: str | None, created_at: float, state: CredentialState
+    ) -> int:
+        name, provider = self.credential.name, self.credential.provider
+        entry = await self._deps.store.read(self.credential.publish_to, consistent=True)
+        if entry is not None and key_id is not None and entry.data.get("kid") == key_id:
+            return entry.version  # keyturn's own write, before a crash
+        rotate_after = created_at + self.credential.rotation.max_age
+        held = record.read(state, name)
+        version = await publish_with_cas(
+            self._deps.store,
+            self._deps.observer,
+            path=self.credential.publish_to,
+            data=published_fields(
+                self._load(key),
+                await self._client_id(),
+                created_at,
+                rotate_after,
+                held.client_secret,
+            ),
+            metadata=custom_metadata(name, self._deps.instance_id),
+            last_version=state.token.published_version,
+            credential=name,
+            provider=provider,
+        )
+        self._deps.observer(Published(name, provider, NAME, created_at, rotate_after))
+        return version
+
+    async def client_id(self) -> str | None:
+        return await self._client_id()
+
+    async def _client_id(self) -> str:
+        return (await self._deps.resolver.resolve(self.credential.client_id)).reveal()
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None
+
+
+class SigningKeyRotation(KeyRotation):
+    """The journal's rotation, with the run's journal lent to the target while a step runs
+    (its registration calls store a rotated registration access token before anything else)."""
+
+    def __init__(self, target: SigningKeyTarget, deps: JobDeps) -> None:
+        super().__init__(target, KeyMaker(target), deps)
+        self._signing = target
+
+    async def step(self, journal: Journal) -> str:
+        self._signing.bind(journal)
+        try:
+            return await super().step(journal)
+        finally:
+            self._signing.bind(None)
+
+
+def registrar_for(
+    credential: SigningKeyCredential, client: ProviderClient, deps: JobDeps
+) -> Registrar:
+    """The registration `credential.registration` describes."""
+    config = credential.registration
+    if isinstance(config, Rfc7592Registration):
+        return Rfc7592(
+            config,
+            credential=credential.name,
+            provider=credential.provider,
+            client=client,
+            resolver=deps.resolver,
+            observer=deps.observer,
+            now=deps.clock.time,
+        )
+    return JwksDocument(
+        config, credential=credential.name, store=deps.store, instance_id=deps.instance_id
+    )
+
+
+async def no_proof(
+    credential: SigningKeyCredential, client: ProviderClient, client_id: str, key: SigningKey
+) -> None:
+    """Until `private_key_jwt` token requests exist (issue 27 §2), a key cannot be proven."""
+    raise KeyturnError(
+        "a new signing key cannot be proven yet: private_key_jwt token requests are not "
+        "available in this keyturn",
+        credential=credential.name,
+    )
+
+
+def make_job(
+    prove: Prover,
+    registrar: Callable[[SigningKeyCredential, ProviderClient, JobDeps], Registrar],
+) -> Callable[..., CredentialJob]:
+    """The kind's job builder over `prove` and `registrar` (tests give fakes)."""
+
+    def job(
+        credential: CredentialConfig,
+        client: ProviderClient,
+        rotator: Rotator | None,
+        inputs: Inputs,
+        deps: JobDeps,
+    ) -> CredentialJob:
+        if not isinstance(credential, SigningKeyCredential):
+            raise ConfigError(f"credentials[{credential.name!r}]: not a signing_key")
+        target = SigningKeyTarget(
+            credential, client, inputs, deps, registrar(credential, client, deps), prove
+        )
+        return CredentialJob(credential, [SigningKeyRotation(target, deps)], deps)
+
+    return job
+
+
+async def live_check(
+    credential: CredentialConfig,
+    client: ProviderClient,
+    resolve: Resolve,
+    state: CredentialState | None,
+) -> str:
+    """A token request signed with the key in use."""
+    assert isinstance(credential, SigningKeyCredential)
+    if state is None or state.rotation.key is None:
+        return "no key yet: keyturn makes one on its first run; nothing to prove"
+    key = keys.load(state.rotation.key, credential=credential.name)
+    client_id = (await resolve(credential.client_id)).reveal()
+    await PROVE(credential, client, client_id, key)
+    return f"a token request signed with key {key.kid} accepted"
+
+
+def status_details(state: CredentialState, credential: str) -> Mapping[str, str]:
+    """What `keyturn status` adds for a signing key: the key ids the server holds."""
+    held = record.read(state, credential)
+    details = {"registered": ", ".join(held.registered) or "-"}
+    if held.stopped is not None:
+        details["registration"] = "stopped: a person must hand over a registration access token"
+    return details
+
+
+def accept(state: CredentialState, credential: str, access_token: Secret) -> CredentialState:
+    """`keyturn import-signing-key`'s registration access token: kept, and usable again."""
+    held = record.read(state, credential)
+    return record.write(
+        state, replace(held, access_token=access_token, in_flight=None, stopped=None)
+    )
+
+
+PROVE: Prover = no_proof
+
+KIND = Kind(
+    name=NAME,
+    config=SigningKeyCredential,
+    value_field="private_key",
+    expiry_field="rotate_after",
+    plan_field="rotate_after",
+    secret_fields=frozenset({"private_key", "client_secret"}),
+    published_fields=published_fields,
+    value_expires=False,
+    refreshes_tokens=False,
+    run_now_forces="rotation",
+    rotation=ROTATION,
+    job=make_job(PROVE, registrar_for),
+    live_check=live_check,
+    expiry_words=("rotates", "rotation due"),
+    status_details=status_details,
+)

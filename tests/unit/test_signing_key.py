@@ -1,0 +1,388 @@
+"""The signing_key kind over fakes: the journal's steps with a fake RFC 7592 server (an httpx
+MockTransport), a fake proof, FakeVaultStore and FakeClock."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from keyturn.clock import FakeClock
+from keyturn.config import ProviderConfig, RotationPolicy
+from keyturn.config.credentials import (
+    JwksRegistration,
+    Rfc7592Registration,
+    SigningKeyCredential,
+)
+from keyturn.errors import KeyturnError, VerificationFailed
+from keyturn.events import Suspicious
+from keyturn.jobs.job import CredentialJob, JobDeps
+from keyturn.kinds.signing_key import make_job, record, registrar_for, status_details
+from keyturn.kinds.signing_key.keys import KeyRefused, SigningKey, generate, load_pem
+from keyturn.kinds.signing_key.registration import REGISTRATION_DROPPED_KEY, REGISTRATION_REFUSED
+from keyturn.policy import BackoffPolicy
+from keyturn.providers.client import ProviderClient
+from keyturn.references import SecretRef, parse_reference
+from keyturn.secret import Secret
+from keyturn.state import CredentialState
+from keyturn.testing.observer import RecordingObserver
+from keyturn.testing.vault import FakeVaultStore
+
+DAY = 86400.0
+PUBLISHED = "apps/billing/key"
+STATE = "keyturn/state/billing-key"
+CLIENT_URI = "https://idp.test/reg/billing"
+
+
+class Registration:
+    """An RFC 7592 client registration endpoint: rotates its registration access token on
+    every answer (as oidc-provider can), keeps each token ever issued to count presentations."""
+
+    def __init__(self) -> None:
+        self.metadata: dict[str, object] = {
+            "client_id": "billing",
+            "token_endpoint_auth_method": "private_key_jwt",
+            "grant_types": ["client_credentials"],
+            "jwks": {"keys": []},
+        }
+        self.token = "rat-0"
+        self.issued = 0
+        self.presented: list[str] = []
+        self.refuse_all = False
+        self.drop_old = False
+        self.lose_next_answer = False
+        self.new_secret_on_update: str | None = None
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        assert str(request.url) == CLIENT_URI
+        presented = request.headers["Authorization"].removeprefix("Bearer ")
+        self.presented.append(presented)
+        if self.refuse_all or presented != self.token:
+            return httpx.Response(401, json={"error": "invalid_token"})
+        if request.method == "PUT":
+            body = json.loads(request.content)
+            sent_back = {k: v for k, v in body.items() if k != "jwks"}
+            held = {k: v for k, v in self.metadata.items() if k != "jwks"}
+            if sent_back != held:
+                return httpx.Response(400, json={"error": "invalid_client_metadata"})
+            keys = body["jwks"]["keys"]
+            if self.drop_old:
+                keys = keys[-1:]
+            self.metadata["jwks"] = {"keys": keys}
+            if self.new_secret_on_update:
+                self.metadata["client_secret"] = self.new_secret_on_update
+        self.issued += 1
+        self.token = f"rat-{self.issued}"
+        if self.lose_next_answer:
+            self.lose_next_answer = False
+            raise httpx.ReadTimeout("answer lost", request=request)
+        answer = {**self.metadata, "registration_access_token": self.token}
+        answer["registration_client_uri"] = CLIENT_URI
+        return httpx.Response(200, json=answer)
+
+    def kids(self) -> list[str]:
+        jwks = self.metadata["jwks"]
+        assert isinstance(jwks, dict)
+        return [key["kid"] for key in jwks["keys"]]
+
+
+class World:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.store = FakeVaultStore(clock=self.clock)
+        self.observer = RecordingObserver()
+        self.server = Registration()
+        self.proven: list[str] = []
+        self.refuse_proof = False
+
+    async def prove(
+        self, credential: SigningKeyCredential, client: object, client_id: str, key: SigningKey
+    ) -> None:
+        """A token request signed with `key`: the server takes it if it holds the key."""
+        if self.refuse_proof or key.kid not in self.server.kids():
+            raise VerificationFailed("assertion refused (invalid_client)", credential="billing-key")
+        self.proven.append(key.kid)
+
+    def job(self, registration: object = None, grace: float = DAY) -> CredentialJob:
+        client = ProviderClient(
+            ProviderConfig(name="idp", base_url="https://idp.test"),
+            clock=self.clock,
+            transport=httpx.MockTransport(self.dispatch),
+        )
+        credential = SigningKeyCredential(
+            name="billing-key",
+            provider="idp",
+            client_id=SecretRef.inline("billing"),
+            publish_to=PUBLISHED,
+            rotation=RotationPolicy(max_age=30 * DAY, grace=grace, verify_attempts=2),
+            backoff=BackoffPolicy(initial=5.0, maximum=300.0),
+            registration=registration
+            or Rfc7592Registration(client_uri=CLIENT_URI, access_token=parse_reference("env:RAT")),
+        )
+        deps = JobDeps(
+            store=self.store,
+            observer=self.observer,
+            clock=self.clock,
+            rng=random.Random(2),
+            instance_id="i-1",
+            environ={"RAT": "rat-0"},
+        )
+        return make_job(self.prove, registrar_for)(credential, client, None, _NoInputs(), deps)
+
+    def dispatch(self, request: httpx.Request) -> httpx.Response:
+        """To the server's handler of the moment (a test may replace it)."""
+        return self.server.handler(request)
+
+    async def state(self) -> CredentialState:
+        entry = await self.store.read(STATE)
+        assert entry is not None
+        return CredentialState.from_data(entry.data, "billing-key")
+
+    async def run_until_idle(self, job: CredentialJob, limit: int = 12) -> None:
+        for _ in range(limit):
+            await job.run()
+            state = await self.state()
+            if state.rotation.phase == "idle" and state.rotation.key is not None:
+                return
+            self.clock.advance(
+                max(1.0, (state.rotation.previous_retire_at or 0) - self.clock.time())
+            )
+        raise AssertionError(f"not idle after {limit} runs: {state.rotation.phase}")
+
+
+class _NoInputs:
+    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+        raise AssertionError("a signing key has no client secret")
+
+    async def refresh_token(self) -> Secret | None:
+        return None
+
+    async def initial_key(self) -> tuple[Secret, str | None] | None:
+        return None
+
+
+async def test_the_first_key_is_made_registered_proven_then_published() -> None:
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    state = await world.state()
+    kid = state.rotation.key_id
+    assert kid is not None and world.server.kids() == [kid] and world.proven == [kid]
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["kid"] == kid
+    assert "BEGIN PRIVATE KEY" in str(published.data["private_key"])
+    # The token the server returned last is the one keyturn keeps, and each was presented once.
+    held = record.read(state, "billing-key")
+    assert held.access_token is not None and held.access_token.reveal() == world.server.token
+    assert len(world.server.presented) == len(set(world.server.presented))
+    assert status_details(state, "billing-key") == {"registered": kid}
+
+
+async def test_a_rotation_registers_both_keys_through_grace_then_only_the_new_one() -> None:
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    first = (await world.state()).rotation.key_id
+    world.clock.advance(30 * DAY)
+    await job.run()  # creates, registers beside the old key, proves, publishes
+    state = await world.state()
+    second = state.rotation.key_id
+    assert state.rotation.phase == "retiring" and second != first
+    assert world.server.kids() == [first, second]
+    world.clock.advance(DAY)
+    await job.run()
+    assert (await world.state()).rotation.phase == "idle"
+    assert world.server.kids() == [second]
+    assert len(world.server.presented) == len(set(world.server.presented))
+
+
+async def test_a_rotated_registration_token_is_stored_before_anything_else() -> None:
+    """Every answer brings a new token: the record holds it before the next request goes."""
+    world = World()
+    seen: list[str] = []
+    handler = world.server.handler
+
+    def watching(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers["Authorization"])
+        return handler(request)
+
+    world.server.handler = watching  # type: ignore[method-assign]
+    job = world.job()
+    await world.run_until_idle(job)
+    issued = [f"Bearer rat-{n}" for n in range(len(seen))]
+    assert len(seen) >= 2 and seen == issued  # each carried the token the last answer issued
+
+
+async def test_a_refused_registration_token_alerts_once_and_is_never_presented_again() -> None:
+    world = World()
+    world.server.refuse_all = True
+    job = world.job()
+    outcome = await job.run()
+    assert outcome.error is not None and "import-signing-key" in str(outcome.error)
+    alerts = [e for e in world.observer.of(Suspicious) if e.detector == REGISTRATION_REFUSED]
+    assert len(alerts) == 1 and "registration access token" in alerts[0].detail
+    presented = len(world.server.presented)
+    for _ in range(3):  # no retry loop: later runs make no request
+        world.clock.advance(3600)
+        await job.run()
+    assert len(world.server.presented) == presented == 1
+    state = await world.state()
+    assert state.rotation.key is None and state.rotation.phase == "pending"
+    assert record.read(state, "billing-key").access_token is None
+
+
+async def test_an_answer_lost_burns_the_token_and_a_person_must_hand_over_a_new_one() -> None:
+    world = World()
+    world.server.lose_next_answer = True
+    job = world.job()
+    outcome = await job.run()
+    assert outcome.error is not None and "lost" in str(outcome.error)
+    assert [e.detector for e in world.observer.of(Suspicious)] == [REGISTRATION_REFUSED]
+    world.clock.advance(3600)
+    await job.run()
+    assert world.server.presented == ["rat-0"]
+
+
+async def test_a_put_refused_for_its_metadata_names_the_field_and_keeps_the_key_in_use() -> None:
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    first = (await world.state()).rotation.key_id
+    # Someone changed the registration: keyturn sends back what it reads, so it still works...
+    world.server.metadata["client_name"] = "billing"
+    world.clock.advance(30 * DAY)
+    await job.run()
+    assert (await world.state()).rotation.key_id != first
+    # ...but a server that refuses what is sent back leaves the key in use alone.
+    world.clock.advance(DAY)
+    await job.run()
+    current = (await world.state()).rotation.key_id
+    real = world.server.handler
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            world.server.presented.append(request.headers["Authorization"][7:])
+            return httpx.Response(400, json={"error": "invalid_client_metadata"})
+        return real(request)
+
+    world.server.handler = refusing  # type: ignore[method-assign]
+    world.clock.advance(30 * DAY)
+    outcome = await job.run()
+    assert outcome.error is not None
+    assert "registration (PUT" in str(outcome.error) and "invalid_client_metadata" in str(
+        outcome.error
+    )
+    state = await world.state()
+    assert state.rotation.key_id == current and state.rotation.phase == "pending"
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["kid"] == current
+
+
+async def test_a_server_that_drops_the_old_key_at_once_is_reported_and_the_new_key_used() -> None:
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    world.server.drop_old = True
+    world.clock.advance(30 * DAY)
+    await job.run()
+    state = await world.state()
+    assert world.server.kids() == [state.rotation.key_id]
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["kid"] == state.rotation.key_id
+    detectors = [e.detector for e in world.observer.of(Suspicious)]
+    assert detectors == [REGISTRATION_DROPPED_KEY]
+
+
+async def test_a_client_secret_issued_on_update_is_kept_and_published() -> None:
+    world = World()
+    world.server.new_secret_on_update = "s3cr3t-issued"
+    job = world.job()
+    await world.run_until_idle(job)
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["client_secret"] == "s3cr3t-issued"
+
+
+async def test_a_key_the_proof_refuses_is_removed_from_the_registration_and_made_anew() -> None:
+    world = World()
+    world.refuse_proof = True
+    job = world.job()
+    for _ in range(2):  # verify_attempts = 2
+        await job.run()
+        world.clock.advance(600)
+    assert world.server.kids() == []  # the refused key left the registration
+    state = await world.state()
+    assert state.rotation.phase == "creating" and state.rotation.key is None
+    world.refuse_proof = False
+    await world.run_until_idle(job)
+    assert world.server.kids() == [(await world.state()).rotation.key_id]
+
+
+async def test_a_jwks_document_holds_the_new_key_before_it_signs_and_drops_the_old_after_grace(
+    tmp_path: Path,
+) -> None:
+    world = World()
+    document = tmp_path / "jwks.json"
+    job = world.job(JwksRegistration(publish_to="apps/billing/jwks", file=document))
+
+    async def prove_from_document(
+        credential: object, client: object, client_id: str, key: SigningKey
+    ) -> None:
+        kids = [k["kid"] for k in json.loads(document.read_text())["keys"]]
+        if key.kid not in kids:
+            raise VerificationFailed("not in the document", credential="billing-key")
+
+    world.prove = prove_from_document  # type: ignore[method-assign]
+    job = world.job(JwksRegistration(publish_to="apps/billing/jwks", file=document))
+    await world.run_until_idle(job)
+    first = (await world.state()).rotation.key_id
+    world.clock.advance(30 * DAY)
+    await job.run()
+    second = (await world.state()).rotation.key_id
+    in_vault = await world.store.read("apps/billing/jwks")
+    assert in_vault is not None
+    kids = [k["kid"] for k in json.loads(str(in_vault.data["jwks"]))["keys"]]
+    assert kids == [first, second]
+    world.clock.advance(DAY)
+    await job.run()
+    assert [k["kid"] for k in json.loads(document.read_text())["keys"]] == [second]
+
+
+async def test_a_failed_jwks_publication_keeps_the_key_in_use(tmp_path: Path) -> None:
+    world = World()
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    job = world.job(JwksRegistration(file=blocked / "jwks.json"))
+    outcome = await job.run()
+    assert outcome.error is not None and "registration.file" in str(outcome.error)
+    state = await world.state()
+    assert state.rotation.key is None and state.rotation.phase == "pending"
+
+
+def test_a_weak_or_mismatched_key_is_refused_naming_the_field() -> None:
+    weak = rsa.generate_private_key(65537, 1024)
+    pem = weak.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    with pytest.raises(KeyRefused, match="key: is an RSA key of 1024 bits; expected at least"):
+        load_pem(Secret(pem), "RS256", credential="billing-key")
+    with pytest.raises(KeyRefused, match="key: is not an EC key on P-256"):
+        load_pem(Secret(pem), "ES256", credential="billing-key")
+
+
+def test_a_key_never_shows_its_private_half() -> None:
+    key = generate("EdDSA")
+    pem = key.private_pem().reveal()
+    assert pem not in repr(key) and pem not in str(key.private_pem())
+    assert "d" not in key.public_jwk()
+    assert generate("RS256", 2048).public_jwk()["kty"] == "RSA"
+
+
+def test_keyturn_error_is_the_root() -> None:
+    assert issubclass(KeyRefused, KeyturnError)
