@@ -31,7 +31,7 @@ def test_a_kind_names_fields_its_published_data_holds() -> None:
     samples = {
         "oauth_client": (Secret("tok"), 100.0, 400.0, 300.0),
         "api_key": (Secret("key"), "k1", 100.0, 400.0),
-        "signing_key": (generate("ES256"), "billing", 100.0, 400.0, Secret("issued")),
+        "signing_key": (generate("k", "ES256"), "billing", 100.0, 400.0, Secret("issued")),
     }
     for kind in REGISTERED:
         fields = kind.published_fields(*samples[kind.name])

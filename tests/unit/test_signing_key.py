@@ -8,9 +8,8 @@ import random
 from pathlib import Path
 
 import httpx
+import jwt
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
 from keyturn.clock import FakeClock
 from keyturn.config import ProviderConfig, RotationPolicy
@@ -19,13 +18,20 @@ from keyturn.config.credentials import (
     Rfc7592Registration,
     SigningKeyCredential,
 )
-from keyturn.errors import KeyturnError, VerificationFailed
+from keyturn.errors import VerificationFailed
 from keyturn.events import Suspicious
 from keyturn.jobs.job import CredentialJob, JobDeps
-from keyturn.kinds.signing_key import make_job, record, registrar_for, status_details
-from keyturn.kinds.signing_key.keys import KeyRefused, SigningKey, generate, load_pem
+from keyturn.kinds.signing_key import (
+    make_job,
+    prove_with_assertion,
+    record,
+    registrar_for,
+    status_details,
+)
+from keyturn.kinds.signing_key.keys import SigningKey, generate
 from keyturn.kinds.signing_key.registration import REGISTRATION_DROPPED_KEY, REGISTRATION_REFUSED
 from keyturn.policy import BackoffPolicy
+from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef, parse_reference
 from keyturn.secret import Secret
@@ -101,20 +107,20 @@ class World:
         self.refuse_proof = False
 
     async def prove(
-        self, credential: SigningKeyCredential, client: object, client_id: str, key: SigningKey
+        self,
+        credential: SigningKeyCredential,
+        client: object,
+        client_id: str,
+        key: SigningKey,
+        now: float,
     ) -> None:
         """A token request signed with `key`: the server takes it if it holds the key."""
         if self.refuse_proof or key.kid not in self.server.kids():
             raise VerificationFailed("assertion refused (invalid_client)", credential="billing-key")
         self.proven.append(key.kid)
 
-    def job(self, registration: object = None, grace: float = DAY) -> CredentialJob:
-        client = ProviderClient(
-            ProviderConfig(name="idp", base_url="https://idp.test"),
-            clock=self.clock,
-            transport=httpx.MockTransport(self.dispatch),
-        )
-        credential = SigningKeyCredential(
+    def credential(self, registration: object = None, grace: float = DAY) -> SigningKeyCredential:
+        return SigningKeyCredential(
             name="billing-key",
             provider="idp",
             client_id=SecretRef.inline("billing"),
@@ -124,6 +130,14 @@ class World:
             registration=registration
             or Rfc7592Registration(client_uri=CLIENT_URI, access_token=parse_reference("env:RAT")),
         )
+
+    def job(self, registration: object = None, grace: float = DAY) -> CredentialJob:
+        client = ProviderClient(
+            ProviderConfig(name="idp", base_url="https://idp.test"),
+            clock=self.clock,
+            transport=httpx.MockTransport(self.dispatch),
+        )
+        credential = self.credential(registration, grace)
         deps = JobDeps(
             store=self.store,
             observer=self.observer,
@@ -330,7 +344,7 @@ async def test_a_jwks_document_holds_the_new_key_before_it_signs_and_drops_the_o
     job = world.job(JwksRegistration(publish_to="apps/billing/jwks", file=document))
 
     async def prove_from_document(
-        credential: object, client: object, client_id: str, key: SigningKey
+        credential: object, client: object, client_id: str, key: SigningKey, now: float
     ) -> None:
         kids = [k["kid"] for k in json.loads(document.read_text())["keys"]]
         if key.kid not in kids:
@@ -363,26 +377,56 @@ async def test_a_failed_jwks_publication_keeps_the_key_in_use(tmp_path: Path) ->
     assert state.rotation.key is None and state.rotation.phase == "pending"
 
 
-def test_a_weak_or_mismatched_key_is_refused_naming_the_field() -> None:
-    weak = rsa.generate_private_key(65537, 1024)
-    pem = weak.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    with pytest.raises(KeyRefused, match="key: is an RSA key of 1024 bits; expected at least"):
-        load_pem(Secret(pem), "RS256", credential="billing-key")
-    with pytest.raises(KeyRefused, match="key: is not an EC key on P-256"):
-        load_pem(Secret(pem), "ES256", credential="billing-key")
-
-
 def test_a_key_never_shows_its_private_half() -> None:
-    key = generate("EdDSA")
-    pem = key.private_pem().reveal()
-    assert pem not in repr(key) and pem not in str(key.private_pem())
+    key = generate("billing-key", "EdDSA")
+    pem = key.pem.reveal()
+    assert pem not in repr(key) and pem not in str(key.pem)
     assert "d" not in key.public_jwk()
-    assert generate("RS256", 2048).public_jwk()["kty"] == "RSA"
+    assert generate("billing-key", "RS256", 2048).public_jwk()["kty"] == "RSA"
 
 
-def test_keyturn_error_is_the_root() -> None:
-    assert issubclass(KeyRefused, KeyturnError)
+def _token_endpoint(registered: list[dict[str, object]], clock: FakeClock) -> httpx.MockTransport:
+    """A token endpoint that takes a client_credentials request only with an assertion signed
+    by a registered key (checked with PyJWT: signature, iss = sub = client_id, aud; exp within
+    a minute of the fake clock)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        form = dict(httpx.QueryParams(request.content.decode()))
+        assertion = form["client_assertion"]
+        kid = jwt.get_unverified_header(assertion)["kid"]
+        jwk = next((key for key in registered if key["kid"] == kid), None)
+        if jwk is None or form["client_assertion_type"] != CLIENT_ASSERTION_TYPE:
+            return httpx.Response(401, json={"error": "invalid_client"})
+        public = jwt.PyJWK.from_dict(jwk).key
+        claims = jwt.decode(
+            assertion,
+            public,
+            algorithms=[str(jwk["alg"])],
+            audience="https://idp.test/oauth/token",
+            options={"verify_exp": False, "verify_iat": False},
+        )
+        assert 0 < claims["exp"] - clock.time() <= 60
+        assert claims["iss"] == claims["sub"] == form["client_id"] == "billing"
+        return httpx.Response(
+            200, json={"access_token": "at", "token_type": "Bearer", "expires_in": 60}
+        )
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize("alg", ["RS256", "PS256", "ES256", "EdDSA"])
+async def test_a_key_is_proven_by_a_token_request_signed_with_it(alg: str) -> None:
+    registered: list[dict[str, object]] = []
+    clock = FakeClock()
+    client = ProviderClient(
+        ProviderConfig(name="idp", base_url="https://idp.test"),
+        clock=clock,
+        transport=_token_endpoint(registered, clock),
+    )
+    credential = World().credential()
+    key = generate("billing-key", alg, 2048 if alg in ("RS256", "PS256") else None)  # type: ignore[arg-type]
+    with pytest.raises(VerificationFailed, match=r"HTTP 401, invalid_client.*nothing switched"):
+        await prove_with_assertion(credential, client, "billing", key, clock.time())
+    registered.append(key.public_jwk())
+    await prove_with_assertion(credential, client, "billing", key, clock.time())
+    await client.aclose()

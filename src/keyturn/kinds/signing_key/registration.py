@@ -45,7 +45,7 @@ NOT_SENT_BACK = (
 # The registration's answers are metadata, never large.
 MAX_ANSWER = 256 * 1024
 
-PublicKey = dict[str, str]
+PublicKey = dict[str, Any]
 
 
 class RegistrationStopped(RotationError):
@@ -218,7 +218,7 @@ class Rfc7592:
                 credential=self._credential,
                 field="registration",
             )
-        code = _error_code(content)
+        code = error_code(content)
         detail = f" ({code})" if code else ""
         raise RotationError(
             f"{where}: refused with HTTP {status}{detail}; the metadata sent back is what the "
@@ -365,7 +365,9 @@ def _kids(keys: Sequence[PublicKey]) -> tuple[str, ...]:
     return tuple(str(key.get("kid")) for key in keys if isinstance(key.get("kid"), str))
 
 
-def _error_code(content: bytes) -> str | None:
+def error_code(content: bytes) -> str | None:
+    """An OAuth-style `error` code of a JSON error body, if it reads like one (never a value
+    a server echoed)."""
     document = _json(content)
     code = document.get("error") if document else None
     return (
