@@ -92,6 +92,8 @@ JSON_FIELDS = {
     "consumers",
     # false while the published token went out without its probe's answer
     "verified",
+    # what the kind adds (a signing key: the key ids its server holds), else null
+    "details",
 }
 
 

@@ -53,6 +53,10 @@ DETECTORS: tuple[str, ...] = (
     "consumers_not_moved",
     # several instances (keyturn.members): a shared instance_id, a skewed clock, no heartbeat
     "instance_membership",
+    # a signing key's registration: a registration access token a person must replace, a
+    # server that dropped the key in use (keyturn.kinds.signing_key.registration)
+    "registration_refused",
+    "registration_dropped_key",
 )
 
 _SECRET_WORDS = "|".join(

@@ -24,6 +24,7 @@ from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import lease_in_force
 from keyturn.kinds import KINDS, kind_of
+from keyturn.kinds.base import AnyKind
 from keyturn.layout import state_path
 from keyturn.members import gone_after, members_path, owner, read_members
 from keyturn.state import CredentialState
@@ -70,11 +71,16 @@ class StatusRow:
     # False while the published token went out without its probe's answer (probed again
     # later, `keyturn.kinds.oauth_client.refresh.ProbeAgain`).
     verified: bool = True
+    # What the kind adds from its record (`Kind.status_details`; a signing key: the key ids
+    # the server holds).
+    details: Mapping[str, str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         values = asdict(self)
         if self.waiting_for_consumers is not None:
             values["waiting_for_consumers"] = list(self.waiting_for_consumers)
+        if self.details is not None:
+            values["details"] = dict(self.details)
         for name in _TIME_FIELDS:
             if values[name] is not None:
                 values[name] = rfc3339(values[name])
@@ -292,10 +298,20 @@ async def status_rows(
             waiting_reason=journal.waiting_reason if rotation is not None else None,
             consumers=consumers.get(name) if consumers is not None else None,
             verified=token.verify_at is None,
+            details=_details(kind, state, name) if unreadable is None else None,
         )
 
     chosen = config.credentials if credentials is None else credentials
     return list(await asyncio.gather(*(one(c) for c in chosen)))
+
+
+def _details(kind: AnyKind, state: CredentialState, name: str) -> Mapping[str, str] | None:
+    """The kind's own words about its record (None when it has none)."""
+    try:
+        details = kind.status_details(state, name)
+    except KeyturnError as error:
+        return {"record": str(error)}
+    return details or None
 
 
 def render_json(rows: Sequence[StatusRow]) -> str:
@@ -346,6 +362,8 @@ def rotation(row: StatusRow) -> str:
     """The rotation's phase, and while the old key waits for consumers, whom it waits for:
     `retiring (waiting for consumers: approle/batch)`."""
     phase = _text(row.rotation_phase)
+    if row.details:
+        phase += "; " + "; ".join(f"{label}: {words}" for label, words in row.details.items())
     names, reason = row.waiting_for_consumers, row.waiting_reason
     if not names and reason is None:
         return phase

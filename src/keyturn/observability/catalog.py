@@ -283,6 +283,9 @@ DETECTORS = frozenset(
         "usage_source_down",
         "consumers_not_moved",
         "instance_membership",
+        # a signing key's registration (keyturn.kinds.signing_key.registration)
+        "registration_refused",
+        "registration_dropped_key",
     }
 )
 SEVERITIES = frozenset({"info", "warning", "critical"})
