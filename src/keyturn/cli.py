@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rotate a key or client secret now (safe beside the daemon)",
     ),
     "import-key": ("keyturn.commands.import_key", "hand over a key made by hand (read from stdin)"),
+    "import-signing-key": (
+        "keyturn.commands.import_signing_key",
+        "hand over a signing key's key pair and registration access token (read from stdin)",
+    ),
     "import-refresh-token": (
         "keyturn.commands.import_refresh_token",
         "hand over a refresh token issued elsewhere (read from stdin) and refresh with it",

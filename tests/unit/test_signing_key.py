@@ -3,6 +3,7 @@ MockTransport), a fake proof, FakeVaultStore and FakeClock."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -10,25 +11,30 @@ from pathlib import Path
 import httpx
 import jwt
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from keyturn.clock import FakeClock
+from keyturn.commands.import_signing_key import parse
 from keyturn.config import ProviderConfig, RotationPolicy
 from keyturn.config.credentials import (
     JwksRegistration,
     Rfc7592Registration,
     SigningKeyCredential,
 )
-from keyturn.errors import VerificationFailed
+from keyturn.errors import KeyMaterialError, VerificationFailed
 from keyturn.events import Suspicious
-from keyturn.jobs.job import CredentialJob, JobDeps
+from keyturn.jobs.job import CredentialJob, JobDeps, Journal
+from keyturn.jobs.rotation import KeyRotation
 from keyturn.kinds.signing_key import (
+    accept,
     make_job,
     prove_with_assertion,
     record,
     registrar_for,
     status_details,
 )
-from keyturn.kinds.signing_key.keys import SigningKey, generate
+from keyturn.kinds.signing_key.keys import SigningKey, generate, stored
 from keyturn.kinds.signing_key.registration import REGISTRATION_DROPPED_KEY, REGISTRATION_REFUSED
 from keyturn.policy import BackoffPolicy
 from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE
@@ -430,3 +436,68 @@ async def test_a_key_is_proven_by_a_token_request_signed_with_it(alg: str) -> No
     registered.append(key.public_jwk())
     await prove_with_assertion(credential, client, "billing", key, clock.time())
     await client.aclose()
+
+
+def _pem(private: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey) -> str:
+    return private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "words"),
+    [
+        ("not json", "private_key", "expected a JSON object"),
+        ('{"private_key": 3}', "private_key", "expected a JSON object"),
+        ("RSA-1024", "private_key", "an RSA key of 1024 bits; expected an RSA key of at least"),
+        ("EC", "private_key", "an EC key on secp256r1; expected an RSA key"),
+        ("RSA-2048 with token 7", "registration_access_token", "not a non-empty string"),
+    ],
+)
+def test_an_import_refuses_a_weak_or_wrong_key_naming_the_field(
+    given: str, field: str, words: str
+) -> None:
+    credential = World().credential()
+    credential = dataclasses.replace(credential, algorithm="PS256")
+    if given.startswith("RSA-1024"):
+        given = json.dumps({"private_key": _pem(rsa.generate_private_key(65537, 1024))})
+    elif given == "EC":
+        given = json.dumps({"private_key": _pem(ec.generate_private_key(ec.SECP256R1()))})
+    elif given.startswith("RSA-2048"):
+        pem = _pem(rsa.generate_private_key(65537, 2048))
+        given = json.dumps({"private_key": pem, "registration_access_token": 7})
+    with pytest.raises(KeyMaterialError) as raised:
+        parse(given, credential)
+    assert raised.value.field == field and words in str(raised.value)
+    assert raised.value.credential == "billing-key"
+    assert "BEGIN" not in str(raised.value)
+
+
+async def test_an_imported_key_pair_and_token_are_adopted_through_the_journal() -> None:
+    """A key registered by hand, with the token its registration returned: stored, found
+    registered already (no second key added), proven, published as the key in use."""
+    world = World()
+    key = generate("billing-key", "ES256")
+    world.server.metadata["jwks"] = {"keys": [key.public_jwk()]}
+    world.server.token = "rat-by-hand"
+    job = world.job()
+    handed, token = parse(
+        json.dumps({"private_key": key.pem.reveal(), "registration_access_token": "rat-by-hand"}),
+        world.credential(),
+    )
+    assert token is not None
+    rotation = job.task("rotation")
+    assert isinstance(rotation, KeyRotation)
+
+    def hand_over(journal: Journal) -> None:
+        journal.stage(accept(journal.state, "billing-key", token))
+        rotation.accept_key(journal, stored(handed), handed.kid)
+
+    await job.run(force={"rotation"}, prepare=hand_over)
+    state = await world.state()
+    assert state.rotation.key_id == key.kid and state.rotation.phase == "idle"
+    assert world.server.kids() == [key.kid] and world.server.presented[0] == "rat-by-hand"
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["kid"] == key.kid
