@@ -102,7 +102,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
                 credential,
                 built.clients[credential.provider],
                 _rotator_of(credential, built.rotators),
-                CredentialInputs(credential, resolver),
+                CredentialInputs(credential, resolver, deps.clock),
                 deps,
             )
     except BaseException:

@@ -15,10 +15,10 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
-from keyturn.clock import SystemClock, rfc3339
+from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
 from keyturn.config.credentials import Rfc7592Registration, SigningKeyCredential
-from keyturn.errors import ConfigError, KeyturnError, MalformedResponse, VerificationFailed
+from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
 from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RotationRules
@@ -31,13 +31,10 @@ from keyturn.kinds.signing_key.registration import (
     PublicKey,
     Registrar,
     Rfc7592,
-    error_code,
 )
 from keyturn.layout import custom_metadata
-from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE, client_assertion
 from keyturn.providers.client import ProviderClient
-from keyturn.providers.http import raise_if_transient, send_bounded
-from keyturn.providers.tokens import parse_token_response
+from keyturn.providers.client_auth import ClientKey
 from keyturn.rotators.base import NewKey, RotationRequest, Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
@@ -51,7 +48,7 @@ REGISTERED = "registered"
 # Proves a key: a token request for the client, authenticated by an assertion signed with it
 # (`private_key_jwt`); VerificationFailed if the server refuses it.
 # (credential, client, client_id, key, now)
-Prover = Callable[[SigningKeyCredential, ProviderClient, str, SigningKey, float], Awaitable[None]]
+Prover = Callable[[SigningKeyCredential, ProviderClient, str, SigningKey], Awaitable[None]]
 
 
 def published_fields(
@@ -144,8 +141,7 @@ class SigningKeyTarget:
         new = self._load(key)
         await self._registrar.add(self.journal, new.public_jwk(), self._current())
         await CHECKPOINT.get()(self.credential.name, REGISTERED)
-        client_id = await self._client_id()
-        await self._prove(self.credential, self._client, client_id, new, self._deps.clock.time())
+        await self._prove(self.credential, self._client, await self._client_id(), new)
 
     async def unregister(self, kid: str) -> None:
         # No key in use: the first key failed its proof, and nothing else there is keyturn's.
@@ -226,51 +222,28 @@ def registrar_for(
 
 
 async def prove_with_assertion(
-    credential: SigningKeyCredential,
-    client: ProviderClient,
-    client_id: str,
-    key: SigningKey,
-    now: float,
+    credential: SigningKeyCredential, client: ProviderClient, client_id: str, key: SigningKey
 ) -> None:
     """A client_credentials token request authenticated by an assertion signed with `key`
-    (`private_key_jwt`, audience the token endpoint); VerificationFailed if the server refuses
-    the client. The token is only a proof: nothing keeps it."""
-    name, provider = credential.name, client.provider
-    fields = {
-        "grant_type": "client_credentials",
-        "client_id": client_id,
-        "client_assertion_type": CLIENT_ASSERTION_TYPE,
-        "client_assertion": client_assertion(
-            key, client_id=client_id, audience=provider.token_url, now=now
-        ).reveal(),
-    }
-    if credential.scope:
-        fields["scope"] = credential.scope
-    where = f"{provider.token_path} (proof of key {key.kid})"
-    request = client.http.build_request(
-        "POST", provider.token_path, data=fields, headers={"Cache-Control": "no-store"}
-    )
-    status, headers, body = await send_bounded(
-        client.http,
-        request,
-        limit=provider.max_response_bytes,
-        where=where,
-        credential=name,
-        oversized=lambda what: MalformedResponse(what, field="body", credential=name),
-        deadline=provider.timeout,
-        track_sending=False,
-    )
-    if 200 <= status < 300:
-        parse_token_response(body, name)
-        return
-    raise_if_transient(status, headers, now=now, where=where, credential=name)
-    code = error_code(body)
-    raise VerificationFailed(
-        f"{where}: the server refused a token request signed with the new key (HTTP "
-        f"{status}{f', {code}' if code else ''}); nothing switched",
-        credential=name,
-        status=status,
-    )
+    (`private_key_jwt`); VerificationFailed if the server refuses the client. The token is only
+    a proof: nothing keeps it."""
+    try:
+        await client.request_token(
+            credential.name,
+            grant_type="client_credentials",
+            client_id=client_id,
+            client_secret=ClientKey("private_key_jwt", signing_key=key),
+            scope=credential.scope,
+        )
+    except OAuthError as error:
+        if error.error not in ("invalid_client", "unauthorized_client"):
+            raise
+        raise VerificationFailed(
+            f"a token request signed with the new key {key.kid} was refused ({error}); "
+            "nothing switched",
+            credential=credential.name,
+            status=error.status,
+        ) from None
 
 
 def make_job(
@@ -308,7 +281,7 @@ async def live_check(
         return "no key yet: keyturn makes one on its first run; nothing to prove"
     key = keys.load(state.rotation.key, credential=credential.name)
     client_id = (await resolve(credential.client_id)).reveal()
-    await PROVE(credential, client, client_id, key, SystemClock().time())
+    await PROVE(credential, client, client_id, key)
     return f"a token request signed with key {key.kid} accepted"
 
 
