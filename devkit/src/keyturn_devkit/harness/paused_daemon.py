@@ -16,7 +16,12 @@ import sys
 
 from keyturn.commands import add_config_argument, run
 from keyturn.jobs.rotation import CHECKPOINT, CHECKPOINTS, Checkpoint
+from keyturn.kinds.signing_key import REGISTERED
 from keyturn.logs import get_logger
+
+# The journal's points, and those a kind adds between two of them (a signing key's public
+# half registered at the server, not yet proven).
+POINTS = (*CHECKPOINTS, REGISTERED)
 
 
 def pausing_at(point: str, seconds: float = 3600.0) -> Checkpoint:
@@ -35,7 +40,7 @@ def pausing_at(point: str, seconds: float = 3600.0) -> Checkpoint:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keyturn_devkit.harness.paused_daemon")
-    parser.add_argument("point", choices=CHECKPOINTS)
+    parser.add_argument("point", choices=POINTS)
     add_config_argument(parser)
     args = parser.parse_args(argv)
     CHECKPOINT.set(pausing_at(args.point))
