@@ -344,31 +344,54 @@ async def test_a_key_the_proof_refuses_is_removed_from_the_registration_and_made
 async def test_a_jwks_document_holds_the_new_key_before_it_signs_and_drops_the_old_after_grace(
     tmp_path: Path,
 ) -> None:
+    """A server that fetched the document keeps it `server_cache`: the new key is in the
+    document that long before a token request is signed with it."""
     world = World()
     document = tmp_path / "jwks.json"
-    job = world.job(JwksRegistration(publish_to="apps/billing/jwks", file=document))
+    cache = 60.0
+    proofs: list[tuple[float, str, list[str]]] = []
 
     async def prove_from_document(
         credential: object, client: object, client_id: str, key: SigningKey
     ) -> None:
         kids = [k["kid"] for k in json.loads(document.read_text())["keys"]]
+        proofs.append((world.clock.time(), key.kid, kids))
         if key.kid not in kids:
             raise VerificationFailed("not in the document", credential="billing-key")
 
     world.prove = prove_from_document  # type: ignore[method-assign]
-    job = world.job(JwksRegistration(publish_to="apps/billing/jwks", file=document))
-    await world.run_until_idle(job)
-    first = (await world.state()).rotation.key_id
-    world.clock.advance(30 * DAY)
+    registration = JwksRegistration(
+        publish_to="apps/billing/jwks", file=document, server_cache=cache
+    )
+    job = world.job(registration)
+    added = world.clock.time()
+    outcome = await job.run()
+    assert outcome.action == "waiting" and outcome.error is None and proofs == []
+    assert outcome.next_due == added + cache
+    state = await world.state()
+    first = state.rotation.pending_key_id
+    assert state.rotation.phase == "pending" and state.rotation.key is None
+    assert [k["kid"] for k in json.loads(document.read_text())["keys"]] == [first]
+    world.clock.advance(cache)
     await job.run()
-    second = (await world.state()).rotation.key_id
+    state = await world.state()
+    assert state.rotation.key_id == first and state.rotation.phase == "idle"
+    assert proofs == [(added + cache, first, [first])]
+
+    world.clock.advance(30 * DAY)
+    await job.run()  # the next key joins the document beside the first, and waits
+    second = (await world.state()).rotation.pending_key_id
     in_vault = await world.store.read("apps/billing/jwks")
     assert in_vault is not None
-    kids = [k["kid"] for k in json.loads(str(in_vault.data["jwks"]))["keys"]]
-    assert kids == [first, second]
+    assert [k["kid"] for k in json.loads(str(in_vault.data["jwks"]))["keys"]] == [first, second]
+    world.clock.advance(cache)
+    await job.run()  # proven, published: the first one retires after the grace
+    state = await world.state()
+    assert state.rotation.key_id == second and state.rotation.phase == "retiring"
     world.clock.advance(DAY)
     await job.run()
     assert [k["kid"] for k in json.loads(document.read_text())["keys"]] == [second]
+    assert [kid for _, kid, _ in proofs] == [first, second]
 
 
 async def test_a_failed_jwks_publication_keeps_the_key_in_use(tmp_path: Path) -> None:

@@ -529,7 +529,8 @@ class Rfc7592Registration(Table):
 class JwksRegistration(Table):
     """`registration = { method = "jwks", … }`: keyturn publishes the client's JWKS document
     (the keys in use and in grace) at a Vault path (`publish_to`) and/or a file on its host
-    (`file`) that the server fetches as the client's `jwks_uri`."""
+    (`file`) that the server fetches as the client's `jwks_uri`; a new key is in it
+    `server_cache` before it signs."""
 
     method: Literal["jwks"] = "jwks"
     publish_to: Annotated[
@@ -539,6 +540,9 @@ class JwksRegistration(Table):
         Unique("each credential to publish to its own path"),
     ] = None
     file: Annotated[Path | None, SINK_PATH, Unique("each sink to write its own file")] = None
+    # How long the server may keep a document it fetched: a new key is in the document this
+    # long before it signs (panva/oidc-provider keeps one at least 60 s).
+    server_cache: Annotated[float, duration(maximum=DAY)] = 60.0
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.publish_to is None and self.file is None:

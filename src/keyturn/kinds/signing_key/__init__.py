@@ -141,6 +141,9 @@ class SigningKeyTarget:
         new = self._load(key)
         await self._registrar.add(self.journal, new.public_jwk(), self._current())
         await CHECKPOINT.get()(self.credential.name, REGISTERED)
+        signs_after = record.read(self.journal.state, self.credential.name).signs_after
+        if signs_after is not None and self._deps.clock.time() < signs_after:
+            raise NotFetchedYet(signs_after)
         await self._prove(self.credential, self._client, await self._client_id(), new)
 
     async def unregister(self, kid: str) -> None:
@@ -185,18 +188,38 @@ class SigningKeyTarget:
         return None
 
 
+class NotFetchedYet(Exception):
+    """A new key is in the JWKS document, but a server may still hold the document it fetched
+    before: the key signs from `signs_after` on (a wait, not a failure)."""
+
+    def __init__(self, signs_after: float) -> None:
+        super().__init__(signs_after)
+        self.signs_after = signs_after
+
+
 class SigningKeyRotation(KeyRotation):
     """The journal's rotation, with the run's journal lent to the target while a step runs
-    (its registration calls store a rotated registration access token before anything else)."""
+    (its registration calls store a rotated registration access token before anything else),
+    and a pending key that waits for a server to fetch the JWKS document again."""
 
     def __init__(self, target: SigningKeyTarget, deps: JobDeps) -> None:
         super().__init__(target, KeyMaker(target), deps)
         self._signing = target
 
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        due = await super().due(state, now, force)
+        if state.rotation.phase == "pending":
+            signs_after = record.read(state, self.credential).signs_after
+            if signs_after is not None:
+                due = max(due, signs_after)
+        return due
+
     async def step(self, journal: Journal) -> str:
         self._signing.bind(journal)
         try:
             return await super().step(journal)
+        except NotFetchedYet:
+            return "waiting"  # `due` says until when; what the registration stored is staged
         finally:
             self._signing.bind(None)
 
@@ -217,7 +240,11 @@ def registrar_for(
             now=deps.clock.time,
         )
     return JwksDocument(
-        config, credential=credential.name, store=deps.store, instance_id=deps.instance_id
+        config,
+        credential=credential.name,
+        store=deps.store,
+        instance_id=deps.instance_id,
+        now=deps.clock.time,
     )
 
 

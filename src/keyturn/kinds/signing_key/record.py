@@ -28,6 +28,9 @@ class Registration:
     registered: tuple[str, ...] = ()
     # A client secret the server issued on a registration update (kept, then published).
     client_secret: Secret | None = None
+    # A JWKS document holds the pending key since a time: it signs from this time on, when a
+    # server that cached the document before has fetched it again.
+    signs_after: float | None = None
 
     def with_(self, **changes: object) -> Registration:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -49,10 +52,15 @@ def read(state: CredentialState, credential: str) -> Registration:
             "input_fingerprint": stored.get("input_fingerprint"),
             "registered": tuple(stored.get("registered", ())),
             "client_secret": stored.get("client_secret"),
+            "signs_after": stored.get("signs_after"),
         }
         for name, value in values.items():
-            if name != "registered" and value is not None and not isinstance(value, str):
+            if name in ("registered", "signs_after") or value is None:
+                continue
+            if not isinstance(value, str):
                 raise TypeError(name)
+        if values["signs_after"] is not None and not isinstance(values["signs_after"], float | int):
+            raise TypeError("signs_after")
         if not all(isinstance(kid, str) for kid in values["registered"]):
             raise TypeError("registered")
     except (ValueError, TypeError, AttributeError):

@@ -282,12 +282,14 @@ class JwksDocument:
         credential: str,
         store: KvStore,
         instance_id: str,
+        now: Callable[[], float],
         write: Callable[[Path, bytes, int], str | None] | None = None,
     ) -> None:
         self._config = config
         self._credential = credential
         self._store = store
         self._instance_id = instance_id
+        self._now = now
         if write is None:  # here: keyturn.sinks imports the kinds
             from keyturn.sinks.files import write_file  # noqa: PLC0415 - see above
 
@@ -297,11 +299,18 @@ class JwksDocument:
     async def add(
         self, journal: Journal, new: PublicKey, current: PublicKey | None
     ) -> tuple[str, ...]:
+        """The new key joins the document; it signs `server_cache` after it first did."""
+        held = record.read(journal.state, self._credential)
+        if new["kid"] not in held.registered or held.signs_after is None:
+            signs_after = self._now() + self._config.server_cache
+            journal.stage(record.write(journal.state, held.with_(signs_after=signs_after)))
         return await self._publish(journal, [key for key in (current, new) if key is not None])
 
     async def remove(
         self, journal: Journal, kid: str, current: PublicKey | None
     ) -> tuple[str, ...]:
+        held = record.read(journal.state, self._credential)
+        journal.stage(record.write(journal.state, held.with_(signs_after=None)))
         return await self._publish(journal, [current] if current is not None else [])
 
     async def _publish(self, journal: Journal, keys: list[PublicKey]) -> tuple[str, ...]:
