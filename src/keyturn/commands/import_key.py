@@ -10,15 +10,13 @@ the grace period.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable
 from typing import TextIO
 
 from keyturn.commands import load_or_report
-from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, hand_over
 from keyturn.commands.rotate import report
-from keyturn.errors import KeyturnError
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal
 from keyturn.runtime import Runtime
@@ -64,11 +62,7 @@ def run(args: argparse.Namespace) -> int:
             return None
         return lambda journal: rotation.accept_key(journal, key, args.key_id)
 
-    try:
-        outcome = asyncio.run(
-            run_once(config, args.name, force={"rotation"}, wait=args.wait, prepare=prepare)
-        )
-    except KeyturnError as error:
-        print(f"keyturn import-key: {error}", file=sys.stderr)
-        return 1
-    return report(args.name, outcome, "import-key")
+    outcome = hand_over(
+        config, args.name, "import-key", force={"rotation"}, wait=args.wait, prepare=prepare
+    )
+    return 1 if outcome is None else report(args.name, outcome, "import-key")

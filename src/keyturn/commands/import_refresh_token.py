@@ -8,15 +8,13 @@ token is not kept and the record is put back. Outcomes and exit codes: docs/cli.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable
 
 from keyturn.clock import rfc3339
 from keyturn.commands import load_or_report
 from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
-from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
-from keyturn.errors import KeyturnError
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, hand_over
 from keyturn.hardening import harden_process
 from keyturn.jobs.job import Journal, Outcome
 from keyturn.kinds import kind_of
@@ -69,14 +67,16 @@ def run(args: argparse.Namespace) -> int:
 
         return hand_over
 
-    try:
-        outcome = asyncio.run(
-            run_once(config, args.name, force={"refresh"}, wait=args.wait, prepare=prepare)
-        )
-    except KeyturnError as error:
-        print(f"keyturn {COMMAND}: {error}; nothing was imported", file=sys.stderr)
-        return 1
-    return report(args.name, outcome, token, imported=bool(accepted))
+    outcome = hand_over(
+        config,
+        args.name,
+        COMMAND,
+        force={"refresh"},
+        wait=args.wait,
+        prepare=prepare,
+        refused="; nothing was imported",
+    )
+    return 1 if outcome is None else report(args.name, outcome, token, imported=bool(accepted))
 
 
 def report(name: str, outcome: Outcome, token: Secret, *, imported: bool) -> int:

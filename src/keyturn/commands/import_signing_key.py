@@ -14,14 +14,13 @@ the field.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable
 
 from keyturn.commands import load_or_report
 from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
-from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, run_once
+from keyturn.commands.oneshot import add_credential_arguments, credential_or_report, hand_over
 from keyturn.commands.rotate import report
 from keyturn.config.credentials import SigningKeyCredential
 from keyturn.errors import KeyMaterialError, KeyturnError
@@ -107,19 +106,15 @@ def run(args: argparse.Namespace) -> int:
         if rotation is None:
             return None
 
-        def hand_over(journal: Journal) -> None:
+        def take(journal: Journal) -> None:
             if token is not None:  # stored first: it may be the only one the server honours
                 journal.stage(accept(journal.state, args.name, token))
             if key is not None:
                 rotation.accept_key(journal, stored(key), key.kid)
 
-        return hand_over
+        return take
 
-    try:
-        outcome = asyncio.run(
-            run_once(config, args.name, force={"rotation"}, wait=args.wait, prepare=prepare)
-        )
-    except KeyturnError as error:
-        print(f"keyturn {COMMAND}: {error}", file=sys.stderr)
-        return 1
-    return report(args.name, outcome, COMMAND)
+    outcome = hand_over(
+        config, args.name, COMMAND, force={"rotation"}, wait=args.wait, prepare=prepare
+    )
+    return 1 if outcome is None else report(args.name, outcome, COMMAND)

@@ -7,6 +7,7 @@ work on one credential at once: if the daemon holds the lease, the command waits
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Callable, Collection
@@ -14,6 +15,7 @@ from collections.abc import Callable, Collection
 from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument
 from keyturn.config import Config
+from keyturn.errors import KeyturnError
 from keyturn.jobs.job import Journal, Outcome
 from keyturn.runtime import Runtime, open_runtime
 from keyturn.saved_plan import touch
@@ -63,3 +65,22 @@ async def run_once(
             # daemon reads it at once rather than trust its saved plan
             await touch(runtime.store, config.keyturn.state_prefix, name, clock.time())
         return outcome
+
+
+def hand_over(
+    config: Config,
+    name: str,
+    command: str,
+    *,
+    force: Collection[str],
+    wait: float,
+    prepare: Callable[[Runtime], Callable[[Journal], None] | None],
+    refused: str = "",
+) -> Outcome | None:
+    """`run_once` for a command that hands something over (an `import-…`); None after one
+    line on stderr saying why it could not run (`refused` added to it)."""
+    try:
+        return asyncio.run(run_once(config, name, force=force, wait=wait, prepare=prepare))
+    except KeyturnError as error:
+        print(f"keyturn {command}: {error}{refused}", file=sys.stderr)
+        return None
