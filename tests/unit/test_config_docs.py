@@ -42,6 +42,7 @@ def test_the_schema_has_every_table_of_the_file() -> None:
         "credentials[][kind=signing_key]",
         "credentials[].registration[method=rfc7592]",
         "credentials[].registration[method=jwks]",
+        "credentials[].registration[method=rotator]",
         "credentials[].refresh",
         "credentials[].backoff",
         "credentials[].rotation",

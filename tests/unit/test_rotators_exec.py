@@ -294,3 +294,20 @@ def test_the_child_environment_drops_keyturn_and_vault_variables() -> None:
     environ = {"HOME": "/root", "VAULT_ADDR": "x", "BAO_ADDR": "y", "KEYTURN_CONFIG": "z"}
     environ |= {"Vault_Namespace": "n", "MY_VAULT_THING": "kept"}
     assert child_environment(environ) == {"HOME": "/root", "MY_VAULT_THING": "kept"}
+
+
+async def test_register_gets_the_public_jwk_on_stdin_and_prints_the_providers_id(
+    tmp_path: Path,
+) -> None:
+    jwk = {"kty": "OKP", "crv": "Ed25519", "x": "abc", "kid": "k1", "alg": "EdDSA", "use": "sig"}
+    signing = RotationRequest(
+        "billing-key", "signing_key", "k1", "keyturn-billing-key-k1", public_key=jwk
+    )
+    script = rotator(tmp_path, RECORD + 'print(json.dumps({"key_id": 42}))\n')
+    assert await script.register(signing) == "42"
+    [params] = recorded(tmp_path)
+    assert params["action"] == "register" and params["public_jwk"] == jwk
+    assert params["key_name"] == "keyturn-billing-key-k1"
+    silent = rotator(tmp_path, RECORD + 'print(json.dumps({"ok": True}))\n')
+    with pytest.raises(RotationError, match='register: stdout "key_id" is missing'):
+        await silent.register(signing)

@@ -16,13 +16,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from keyturn.clock import FakeClock
 from keyturn.commands.import_signing_key import parse
-from keyturn.config import ProviderConfig, RotationPolicy
+from keyturn.config import ProviderConfig, RotationPolicy, parse_config
 from keyturn.config.credentials import (
     JwksRegistration,
     Rfc7592Registration,
+    RotatorRegistration,
     SigningKeyCredential,
 )
-from keyturn.errors import KeyMaterialError, VerificationFailed
+from keyturn.errors import ConfigError, KeyMaterialError, ProviderUnavailable, VerificationFailed
 from keyturn.events import Suspicious
 from keyturn.jobs.job import CredentialJob, JobDeps, Journal
 from keyturn.jobs.rotation import KeyRotation
@@ -40,6 +41,7 @@ from keyturn.policy import BackoffPolicy
 from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef, parse_reference
+from keyturn.rotators.base import RotationRequest
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
 from keyturn.testing.observer import RecordingObserver
@@ -523,3 +525,148 @@ async def test_an_imported_key_pair_and_token_are_adopted_through_the_journal() 
     assert world.server.kids() == [key.kid] and world.server.presented[0] == "rat-by-hand"
     published = await world.store.read(PUBLISHED)
     assert published is not None and published.data["kid"] == key.kid
+
+
+class Registry:
+    """A provider's key API as an exec rotator's register/revoke/find see it."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[str, dict[str, object]]] = {}  # id -> (name, jwk)
+        self.calls: list[str] = []
+        self.lose_next_register = False
+        self.name = "provider-keys"
+
+    async def register(self, request: RotationRequest) -> str:
+        assert request.public_key is not None and "d" not in request.public_key
+        key_id = f"id-{len(self.keys) + 1}"
+        self.keys[key_id] = (request.key_name, dict(request.public_key))
+        self.calls.append(f"register {key_id}")
+        if self.lose_next_register:
+            self.lose_next_register = False
+            raise ProviderUnavailable("register: timed out", credential=request.credential)
+        return key_id
+
+    async def revoke(self, request: RotationRequest, key_id: str) -> None:
+        self.calls.append(f"revoke {key_id}")
+        self.keys.pop(key_id, None)
+
+    async def find(self, request: RotationRequest) -> list[str] | None:
+        return [key_id for key_id, (name, _) in self.keys.items() if name == request.key_name]
+
+    async def aclose(self) -> None:
+        return None
+
+    def kids(self) -> list[str]:
+        return [str(jwk["kid"]) for _, jwk in self.keys.values()]
+
+
+async def test_a_key_registered_through_a_rotator_is_found_again_after_a_lost_answer() -> None:
+    """The provider's id is stored before anything else; a registration whose answer was lost
+    is found by its name (derived from the kid) and kept, not registered twice."""
+    world = World()
+    registry = Registry()
+    registry.lose_next_register = True
+    credential = dataclasses.replace(
+        world.credential(RotatorRegistration()),
+        rotation=RotationPolicy(max_age=30 * DAY, grace=DAY, rotator="provider-keys"),
+    )
+
+    async def prove(credential: object, client: object, client_id: str, key: SigningKey) -> None:
+        if key.kid not in registry.kids():
+            raise VerificationFailed("unknown key", credential="billing-key")
+
+    deps = JobDeps(
+        store=world.store,
+        observer=world.observer,
+        clock=world.clock,
+        rng=random.Random(2),
+        instance_id="i-1",
+    )
+    client = ProviderClient(
+        ProviderConfig(name="idp", base_url="https://idp.test"), clock=world.clock
+    )
+    job = make_job(prove, registrar_for)(credential, client, registry, _NoInputs(), deps)
+    outcome = await job.run()
+    assert outcome.error is not None and "timed out" in str(outcome.error)
+    world.clock.advance(600)
+    await job.run()
+    state = await world.state()
+    first = state.rotation.key_id
+    assert registry.kids() == [first] and registry.calls == ["register id-1"]
+    assert dict(record.read(state, "billing-key").provider_ids) == {first: "id-1"}
+    world.clock.advance(30 * DAY)
+    await job.run()
+    world.clock.advance(DAY)
+    await job.run()
+    state = await world.state()
+    assert registry.kids() == [state.rotation.key_id] != [first]
+    assert registry.calls == ["register id-1", "register id-2", "revoke id-1"]
+    assert status_details(state, "billing-key") == {"registered": state.rotation.key_id}
+
+
+SIGNING_CONFIG = """
+[vault]
+address = "https://vault.test:8200"
+auth = { method = "token", token = "env:VT" }
+[[providers]]
+name = "idp"
+base_url = "https://idp.test"
+[[rotators]]
+name = "okta-keys"
+type = "exec"
+command = ["/usr/local/bin/okta-keys"]
+[[rotators]]
+name = "by-hand"
+type = "manual"
+[[credentials]]
+name = "k"
+kind = "signing_key"
+provider = "idp"
+publish_to = "apps/k/key"
+client_id = "k"
+"""
+
+
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        (
+            'rotation = { max_age = "90d", rotator = "by-hand" }\n'
+            'registration = { method = "rotator" }',
+            'rotation.rotator: "by-hand" is a manual rotator; expected an exec rotator',
+        ),
+        (
+            'rotation = { max_age = "90d" }\nregistration = { method = "rotator" }',
+            'rotation.rotator: missing; registration = { method = "rotator" } needs the name',
+        ),
+        (
+            'rotation = { max_age = "90d", rotator = "okta-keys" }\n'
+            'registration = { method = "jwks", file = "/srv/jwks.json" }',
+            'rotation.rotator: is "okta-keys" for a signing_key registered by "jwks"',
+        ),
+        (
+            'key_size = 4096\nrotation = { max_age = "90d" }\n'
+            'registration = { method = "jwks", file = "/srv/jwks.json" }',
+            'key_size: is set for algorithm "ES256", whose key size is fixed',
+        ),
+        (
+            'algorithm = "RS256"\nkey_size = 1024\nrotation = { max_age = "90d" }\n'
+            'registration = { method = "jwks", file = "/srv/jwks.json" }',
+            "key_size: got 1024, which is out of range; expected an integer between 2048",
+        ),
+        (
+            'rotation = { max_age = "90d" }\nregistration = { method = "jwks" }',
+            "registration.publish_to: missing, and so is file",
+        ),
+        (
+            'client_secret = "env:S"\nrotation = { max_age = "90d" }\n'
+            'registration = { method = "jwks", file = "/srv/jwks.json" }',
+            'client_secret: not allowed for kind "signing_key"',
+        ),
+    ],
+)
+def test_a_signing_key_s_configuration_problem_names_the_field(keys: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(SIGNING_CONFIG + keys + "\n", "k.toml", {"VT": "x"})
+    [line] = raised.value.problems
+    assert line.startswith(f'k.toml: credentials["k"].{problem}'), line

@@ -272,8 +272,6 @@ class SinkConfig(Table):
         return sink
 
 
-
-
 @table(kw_only=True)
 class CredentialConfig(Table):
     """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
@@ -412,7 +410,6 @@ class OAuthClientCredential(CredentialConfig):
             )
             yield ("rotation", "rotator"), message
 
-
     def _client_auth_problems(self) -> Iterator[tuple[Where, str]]:
         """Which keys each way of authenticating needs, and which it refuses."""
         method = self.client_auth
@@ -546,14 +543,26 @@ class JwksRegistration(Table):
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.publish_to is None and self.file is None:
-            yield "publish_to", (
-                "missing, and so is file; expected where the JWKS document goes: publish_to "
-                "(a Vault path), file (a path on keyturn's host), or both"
+            yield (
+                "publish_to",
+                (
+                    "missing, and so is file; expected where the JWKS document goes: publish_to "
+                    "(a Vault path), file (a path on keyturn's host), or both"
+                ),
             )
 
 
+@table(kw_only=True)
+class RotatorRegistration(Table):
+    """`registration = { method = "rotator" }`: the public keys are registered at the
+    provider's own API by the `exec` rotator `rotation.rotator` names (its `register` and
+    `revoke` actions)."""
+
+    method: Literal["rotator"] = "rotator"
+
+
 Registration = Annotated[
-    Rfc7592Registration | JwksRegistration,
+    Rfc7592Registration | JwksRegistration | RotatorRegistration,
     Field(discriminator="method"),
     described(
         'a table, e.g. registration = { method = "rfc7592", client_uri = '
@@ -598,16 +607,41 @@ class SigningKeyCredential(CredentialConfig):
     registration: Registration
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
-        if self.rotation.rotator is not None:
-            yield ("rotation", "rotator"), (
-                f'is "{self.rotation.rotator}" for a signing_key, whose key keyturn makes '
-                "itself; expected no rotator (registration says how the public key reaches "
-                "the server)"
+        through_rotator = isinstance(self.registration, RotatorRegistration)
+        if self.rotation.rotator is not None and not through_rotator:
+            yield (
+                ("rotation", "rotator"),
+                (
+                    f'is "{self.rotation.rotator}" for a signing_key registered by '
+                    f'"{self.registration.method}", whose key keyturn makes itself; expected no '
+                    'rotator, or registration = { method = "rotator" }'
+                ),
             )
+        if through_rotator:
+            rotator = self._rotator_in(context)
+            if self.rotation.rotator is None:
+                yield (
+                    ("rotation", "rotator"),
+                    (
+                        'missing; registration = { method = "rotator" } needs the name of an '
+                        '"exec" rotator that registers the public keys'
+                    ),
+                )
+            elif rotator is not None and rotator[1] not in (None, "exec"):
+                yield (
+                    ("rotation", "rotator"),
+                    (
+                        f'"{rotator[0]}" is a {rotator[1]} rotator; expected an exec rotator '
+                        "(its register action gets the public JWK on stdin)"
+                    ),
+                )
         if self.key_size is not None and self.algorithm not in RSA_ALGORITHMS:
-            yield "key_size", (
-                f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
-                'key_size only with "RS256" or "PS256"'
+            yield (
+                "key_size",
+                (
+                    f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
+                    'key_size only with "RS256" or "PS256"'
+                ),
             )
 
 

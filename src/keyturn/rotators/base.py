@@ -8,8 +8,9 @@ the key in the dashboard and hands it over with `keyturn import-key`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from keyturn.errors import RotationError
 from keyturn.secret import Secret
@@ -24,6 +25,8 @@ class RotationRequest:
     rotation_id: str  # unique per rotation; stable across a crash and resume
     key_name: str  # a name for the new key, derived from credential and rotation_id
     client_id: str | None = None  # for oauth_client: whose secret is rotated
+    # For signing_key: the public JWK to register at the provider (a public key, not secret).
+    public_key: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +74,21 @@ class Rotator(Protocol):
 
     async def aclose(self) -> None:
         """Release connections."""
+
+
+@runtime_checkable
+class KeyRegistry(Protocol):
+    """A rotator that registers a public key keyturn made (a signing key's, at a provider's own
+    API) instead of creating a key: the `exec` rotator's `register` action."""
+
+    name: str
+
+    async def register(self, request: RotationRequest) -> str:
+        """Register `request.public_key` under the name `request.key_name`; the provider's id
+        for it. Raises RotationError (or a ProviderError)."""
+
+    async def revoke(self, request: RotationRequest, key_id: str) -> None:
+        """Remove the key `key_id`. A key that no longer exists counts as removed."""
+
+    async def find(self, request: RotationRequest) -> list[str] | None:
+        """Ids of keys named `request.key_name`, or None when the provider cannot list them."""

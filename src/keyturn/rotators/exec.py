@@ -71,6 +71,22 @@ class ExecRotator:
             )
         return NewKey(Secret(key), key_id)
 
+    async def register(self, request: RotationRequest) -> str:
+        """A signing key's public JWK (`public_jwk` on stdin) registered by the command; its
+        answer names the provider's id for it: {"key_id": "…"}."""
+        answer = self._object("register", await self._run("register", request, None), request)
+        key_id = answer.get("key_id")
+        if isinstance(key_id, int) and not isinstance(key_id, bool):
+            key_id = str(key_id)
+        if not isinstance(key_id, str) or not key_id:
+            shown = "missing" if "key_id" not in answer else json_kind(key_id)
+            raise self._error(
+                f'register: stdout "key_id" is {shown}; expected the provider\'s id for the '
+                "registered key as a non-empty string",
+                request,
+            )
+        return key_id
+
     async def revoke(self, request: RotationRequest, key_id: str) -> None:
         await self._run("revoke", request, key_id)
 
@@ -100,6 +116,8 @@ class ExecRotator:
         }
         if key_id is not None:
             params["key_id"] = key_id
+        if request.public_key is not None:
+            params["public_jwk"] = dict(request.public_key)
         stdin = (json.dumps(params) + "\n").encode()
         program = self.config.command[0]
         try:

@@ -17,7 +17,11 @@ from dataclasses import replace
 
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
-from keyturn.config.credentials import Rfc7592Registration, SigningKeyCredential
+from keyturn.config.credentials import (
+    Rfc7592Registration,
+    RotatorRegistration,
+    SigningKeyCredential,
+)
 from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
@@ -31,11 +35,12 @@ from keyturn.kinds.signing_key.registration import (
     PublicKey,
     Registrar,
     Rfc7592,
+    ThroughRotator,
 )
 from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.client_auth import ClientKey
-from keyturn.rotators.base import NewKey, RotationRequest, Rotator
+from keyturn.rotators.base import KeyRegistry, NewKey, RotationRequest, Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
 
@@ -225,10 +230,21 @@ class SigningKeyRotation(KeyRotation):
 
 
 def registrar_for(
-    credential: SigningKeyCredential, client: ProviderClient, deps: JobDeps
+    credential: SigningKeyCredential,
+    client: ProviderClient,
+    deps: JobDeps,
+    rotator: Rotator | None = None,
 ) -> Registrar:
-    """The registration `credential.registration` describes."""
+    """The registration `credential.registration` describes (`rotator`: the one
+    `rotation.rotator` names, for `method = "rotator"`)."""
     config = credential.registration
+    if isinstance(config, RotatorRegistration):
+        if not isinstance(rotator, KeyRegistry):
+            raise ConfigError(
+                f"credentials[{credential.name!r}].rotation.rotator: expected an exec rotator, "
+                "which registers public keys"
+            )
+        return ThroughRotator(rotator, credential=credential.name, kind=NAME)
     if isinstance(config, Rfc7592Registration):
         return Rfc7592(
             config,
@@ -275,7 +291,7 @@ async def prove_with_assertion(
 
 def make_job(
     prove: Prover,
-    registrar: Callable[[SigningKeyCredential, ProviderClient, JobDeps], Registrar],
+    registrar: Callable[[SigningKeyCredential, ProviderClient, JobDeps, Rotator | None], Registrar],
 ) -> Callable[..., CredentialJob]:
     """The kind's job builder over `prove` and `registrar` (tests give fakes)."""
 
@@ -289,7 +305,7 @@ def make_job(
         if not isinstance(credential, SigningKeyCredential):
             raise ConfigError(f"credentials[{credential.name!r}]: not a signing_key")
         target = SigningKeyTarget(
-            credential, client, inputs, deps, registrar(credential, client, deps), prove
+            credential, client, inputs, deps, registrar(credential, client, deps, rotator), prove
         )
         return CredentialJob(credential, [SigningKeyRotation(target, deps)], deps)
 

@@ -28,6 +28,8 @@ class Registration:
     registered: tuple[str, ...] = ()
     # A client secret the server issued on a registration update (kept, then published).
     client_secret: Secret | None = None
+    # The provider's id of each registered key (kid -> id), registered through a rotator.
+    provider_ids: tuple[tuple[str, str], ...] = ()
     # A JWKS document holds the pending key since a time: it signs from this time on, when a
     # server that cached the document before has fetched it again.
     signs_after: float | None = None
@@ -53,9 +55,12 @@ def read(state: CredentialState, credential: str) -> Registration:
             "registered": tuple(stored.get("registered", ())),
             "client_secret": stored.get("client_secret"),
             "signs_after": stored.get("signs_after"),
+            "provider_ids": tuple(
+                (str(kid), str(key_id)) for kid, key_id in stored.get("provider_ids", {}).items()
+            ),
         }
         for name, value in values.items():
-            if name in ("registered", "signs_after") or value is None:
+            if name in ("registered", "signs_after", "provider_ids") or value is None:
                 continue
             if not isinstance(value, str):
                 raise TypeError(name)
@@ -81,5 +86,6 @@ def write(state: CredentialState, registration: Registration) -> CredentialState
         value = getattr(registration, name)
         values[name] = value.reveal() if value is not None else None
     values["registered"] = list(registration.registered)
+    values["provider_ids"] = dict(registration.provider_ids) or None
     data = {name: value for name, value in values.items() if value is not None}
     return replace(state, own=KindRecord(Secret(json.dumps(data, sort_keys=True))))

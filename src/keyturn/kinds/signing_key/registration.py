@@ -8,6 +8,8 @@ every later request until a person hands over a new one (`keyturn import-signing
 
 `JwksDocument`: the JWKS document a server fetches as the client's `jwks_uri`, written to a
 Vault path and/or a file on keyturn's host.
+
+`ThroughRotator`: a provider's own API, by an `exec` rotator's `register` and `revoke`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.http import raise_if_transient, send_bounded
 from keyturn.references import ReferenceResolver
+from keyturn.rotators.base import KeyRegistry, RotationRequest
 from keyturn.secret import Secret
 from keyturn.state import fingerprint, fingerprint_matches
 from keyturn.vault.store import KvStore
@@ -384,3 +387,56 @@ def error_code(content: bytes) -> str | None:
         if isinstance(code, str) and code.replace("_", "").isalpha() and len(code) < 64
         else None
     )
+
+
+class ThroughRotator:
+    """The registration at a provider's own API, by an `exec` rotator's `register` and
+    `revoke` actions. Each key is registered under a name derived from its `kid`, so a key
+    registered before a crash (its id not yet stored) is found by name and kept."""
+
+    def __init__(self, registry: KeyRegistry, *, credential: str, kind: str) -> None:
+        self._registry = registry
+        self._credential = credential
+        self._kind = kind
+
+    def _request(self, kid: str, public_key: PublicKey | None = None) -> RotationRequest:
+        return RotationRequest(
+            credential=self._credential,
+            kind=self._kind,
+            rotation_id=kid[:12],
+            key_name=f"keyturn-{self._credential}-{kid[:12]}",
+            public_key=public_key,
+        )
+
+    async def add(
+        self, journal: Journal, new: PublicKey, current: PublicKey | None
+    ) -> tuple[str, ...]:
+        held = record.read(journal.state, self._credential)
+        ids = dict(held.provider_ids)
+        if new["kid"] not in ids:
+            request = self._request(new["kid"], new)
+            found = await self._registry.find(request) or []
+            # Registered before a crash, its id never stored: the same key; keep one.
+            key_id = found[0] if found else await self._registry.register(request)
+            for extra in found[1:]:
+                await self._registry.revoke(request, extra)
+            ids[new["kid"]] = key_id
+            # Stored before anything else: the id is what removes the key after the grace.
+            await journal.save(record.write(journal.state, self._holding(held, ids)))
+        return tuple(ids)
+
+    async def remove(
+        self, journal: Journal, kid: str, current: PublicKey | None
+    ) -> tuple[str, ...]:
+        held = record.read(journal.state, self._credential)
+        ids = dict(held.provider_ids)
+        request = self._request(kid)
+        known = ids.pop(kid, None)
+        for key_id in [known] if known is not None else await self._registry.find(request) or []:
+            await self._registry.revoke(request, key_id)
+        journal.stage(record.write(journal.state, self._holding(held, ids)))
+        return tuple(ids)
+
+    @staticmethod
+    def _holding(held: record.Registration, ids: dict[str, str]) -> record.Registration:
+        return held.with_(provider_ids=tuple(ids.items()), registered=tuple(ids))
