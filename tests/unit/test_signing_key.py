@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from keyturn.clock import FakeClock
+from keyturn.commands.check import required_capabilities, vault_references
 from keyturn.commands.import_signing_key import parse
 from keyturn.config import ProviderConfig, RotationPolicy, parse_config
 from keyturn.config.credentials import (
@@ -670,3 +671,23 @@ def test_a_signing_key_s_configuration_problem_names_the_field(keys: str, proble
         parse_config(SIGNING_CONFIG + keys + "\n", "k.toml", {"VT": "x"})
     [line] = raised.value.problems
     assert line.startswith(f'k.toml: credentials["k"].{problem}'), line
+
+
+def test_check_resolves_the_registration_token_and_covers_the_jwks_path() -> None:
+    jwks = (
+        'rotation = { max_age = "90d" }\n'
+        'registration = { method = "jwks", publish_to = "apps/k/jwks" }\n'
+    )
+    rfc = (
+        'rotation = { max_age = "90d" }\nregistration = { method = "rfc7592", client_uri = '
+        '"https://idp.test/reg/k", access_token = "vault:secret/keyturn/inputs/k#rat" }\n'
+    )
+    needed = required_capabilities(parse_config(SIGNING_CONFIG + jwks, "k.toml", {"VT": "x"}))
+    assert needed["secret/data/apps/k/jwks"] == {"create", "update", "read"}
+    assert needed["secret/metadata/apps/k/jwks"] == {"create", "update", "read"}
+    config = parse_config(SIGNING_CONFIG + rfc, "k.toml", {"VT": "x"})
+    assert (
+        "credentials['k'].registration.access_token",
+        parse_reference("vault:secret/keyturn/inputs/k#rat"),
+    ) in vault_references(config)
+    assert required_capabilities(config)["secret/data/keyturn/inputs/k"] == {"read"}

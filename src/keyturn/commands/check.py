@@ -80,16 +80,12 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
-# A credential's fields that hold secret references (its inputs).
-CREDENTIAL_REFERENCES = ("client_id", "client_secret", "initial_key", "refresh_token")
-
-
 def vault_references(config: Config) -> list[tuple[str, SecretRef]]:
     """Every `vault:` reference in the configuration, with the key that holds it."""
     keyed: list[tuple[str, SecretRef | None]] = []
     for credential in config.credentials:
-        for key in CREDENTIAL_REFERENCES:
-            keyed.append((f"credentials[{credential.name!r}].{key}", getattr(credential, key)))
+        for key, ref in credential.references():
+            keyed.append((f"credentials[{credential.name!r}].{key}", ref))
     # Secrets of rotators and alert hooks may live in Vault too.
     for rotator in config.rotators.values():
         if isinstance(rotator, HttpRotatorConfig):
@@ -107,8 +103,9 @@ def required_capabilities(config: Config) -> dict[str, set[str]]:
     for _key, ref in vault_references(config):
         needed[f"{ref.mount}/data/{ref.path}"].add("read")
     for credential in config.credentials:
-        needed[f"{mount}/data/{credential.publish_to}"] |= {"create", "update", "read"}
-        needed[f"{mount}/metadata/{credential.publish_to}"] |= {"create", "update", "read"}
+        for path in (credential.publish_to, *credential.also_published()):
+            needed[f"{mount}/data/{path}"] |= {"create", "update", "read"}
+            needed[f"{mount}/metadata/{path}"] |= {"create", "update", "read"}
         private = state_path(config.keyturn.state_prefix, credential.name)
         needed[f"{mount}/data/{private}"] |= {"create", "update", "read"}
     # One LIST at the daemon's start finds the credentials that have no record yet.
@@ -322,9 +319,8 @@ async def _check_references(config: Config, store: KvStore, *, skip: set[str]) -
     resolver = ReferenceResolver(os.environ, store)
     problems = []
     for credential in config.credentials:
-        for key in CREDENTIAL_REFERENCES:
-            ref = getattr(credential, key)
-            if ref is None or (ref.scheme == "vault" and ref.mount in skip):
+        for key, ref in credential.references():
+            if ref.scheme == "vault" and ref.mount in skip:
                 continue
             try:
                 await resolver.resolve(ref)

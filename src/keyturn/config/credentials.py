@@ -328,6 +328,18 @@ class CredentialConfig(Table):
             self.grant == "jwt_bearer" and self.client_secret is None
         )
 
+    def references(self) -> Iterator[tuple[str, SecretRef]]:
+        """Its inputs' secret references, each with the key that holds it (`keyturn check`
+        resolves them and checks Vault's capabilities on them)."""
+        for key in ("client_id", "client_secret", "initial_key", "refresh_token"):
+            ref = getattr(self, key)
+            if ref is not None:
+                yield key, ref
+
+    def also_published(self) -> tuple[str, ...]:
+        """KV paths it writes besides `publish_to` (a signing key's JWKS document)."""
+        return ()
+
     def _rotator_in(self, context: LoadContext) -> tuple[str, str | None, bool] | None:
         """The rotator `rotation` names, as the file declares it: its name, its type and
         whether its templates use {client_id} (None without a rotation, or a guess)."""
@@ -605,6 +617,18 @@ class SigningKeyCredential(CredentialConfig):
     algorithm: SigningAlgorithm = "ES256"
     key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
     registration: Registration
+
+    def references(self) -> Iterator[tuple[str, SecretRef]]:
+        yield from CredentialConfig.references(self)  # (slotted dataclasses: no bare super())
+        registration = self.registration
+        if isinstance(registration, Rfc7592Registration) and registration.access_token:
+            yield "registration.access_token", registration.access_token
+
+    def also_published(self) -> tuple[str, ...]:
+        registration = self.registration
+        if isinstance(registration, JwksRegistration) and registration.publish_to is not None:
+            return (registration.publish_to,)
+        return ()
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         through_rotator = isinstance(self.registration, RotatorRegistration)
