@@ -27,9 +27,12 @@ form.inline { display: inline; } label { display: block; margin: .5em 0 .2em; fo
 input[type=text], input[type=password], input[type=url] { width: 100%; max-width: 32em;
   padding: .4em; box-sizing: border-box; }
 button { padding: .4em .9em; margin-top: .6em; cursor: pointer; }
+form:not(.inline) button[type=submit] { display: block; }
+form.inline + form.inline { margin-left: .6em; }
 button.danger { color: #a40000; }
 pre { background: #1d2330; color: #e8eef8; padding: 1em; overflow-x: auto; border-radius: 4px; }
-.once { border: 2px solid #d08a00; background: #fff8e6; padding: .8em 1em; border-radius: 6px; }
+.once { border: 2px solid #d08a00; background: #fff8e6; padding: .8em 1em; border-radius: 6px;
+  margin-bottom: 1.5em; }
 .once code { font-size: 1.05em; word-break: break-all; }
 .problems { color: #a40000; } .notice { color: #1b6e2a; }
 .status-revoked, .status-expired { color: #a40000; } .status-expiring { color: #a06000; }
@@ -78,6 +81,14 @@ def _table(headings: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headings)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _record(rows: Iterable[tuple[str, str]]) -> str:
+    """One object's fields: a label (text) and a value (HTML, escaped by the caller)."""
+    body = "".join(
+        f'<tr><th scope="row">{_e(label)}</th><td>{value}</td></tr>' for label, value in rows
+    )
+    return f"<table><tbody>{body}</tbody></table>"
 
 
 def _status(status: str) -> str:
@@ -224,15 +235,15 @@ def api_key_page(key: dict[str, Any], csrf: str, toml: str, shown_once: str | No
     )
     usage = key["usage"]
     rows = [
-        ["Name", _e(key["name"])],
-        ["Key ID", f"<code>{_e(key['key_id'])}</code>"],
-        ["Description", _e(key["description"])],
-        ["Scope", _e(key["scope"] or "every scope")],
-        ["Status", _status(key["status"])],
-        ["Created", _e(key["created_at"])],
-        ["Revoked", _e(key["revoked_at"] or "")],
-        ["Requests", _e(f"{usage['request_count']} accepted, {usage['rejected_count']} refused")],
-        ["Last used", _e(usage["last_used_at"] or "never")],
+        ("Name", _e(key["name"])),
+        ("Key ID", f"<code>{_e(key['key_id'])}</code>"),
+        ("Description", _e(key["description"])),
+        ("Scope", _e(key["scope"] or "every scope")),
+        ("Status", _status(key["status"])),
+        ("Created", _e(key["created_at"])),
+        ("Revoked", _e(key["revoked_at"] or "")),
+        ("Requests", _e(f"{usage['request_count']} accepted, {usage['rejected_count']} refused")),
+        ("Last used", _e(usage["last_used_at"] or "never")),
     ]
     revoke = ""
     if key["status"] == "active":
@@ -243,7 +254,7 @@ def api_key_page(key: dict[str, Any], csrf: str, toml: str, shown_once: str | No
             confirm="Revoke this API key? Every caller using it is refused from now on.",
             danger=True,
         )
-    main = once + f"<section>{_table(['', ''], rows)}{revoke}</section>" + _configuration(toml)
+    main = once + f"<section>{_record(rows)}{revoke}</section>" + _configuration(toml)
     return layout(f"API key {key['name']}", main, csrf=csrf)
 
 
@@ -255,11 +266,11 @@ def app_page(app: dict[str, Any], csrf: str, toml: str, shown_once: str | None) 
         else ""
     )
     rows = [
-        ["Application name", _e(app["name"])],
-        ["Client ID", f'<code id="client-id">{_e(app["client_id"])}</code>'],
-        ["Redirect URI", _e(app["redirect_uri"])],
-        ["Scope", _e(app["scope"] or "the sandbox's default_scope")],
-        ["Created", _e(app["created_at"])],
+        ("Application name", _e(app["name"])),
+        ("Client ID", f'<code id="client-id">{_e(app["client_id"])}</code>'),
+        ("Redirect URI", _e(app["redirect_uri"])),
+        ("Scope", _e(app["scope"] or "the sandbox's default_scope")),
+        ("Created", _e(app["created_at"])),
     ]
     secrets = _table(
         ["Secret ID", "Status", "Created", "Expires"],
@@ -291,7 +302,7 @@ def app_page(app: dict[str, Any], csrf: str, toml: str, shown_once: str | None) 
     )
     main = (
         once
-        + f"<section>{_table(['', ''], rows)}</section>"
+        + f"<section>{_record(rows)}</section>"
         + f"<section><h2>Client secrets</h2>{secrets}{rotate}{delete}</section>"
         + _configuration(toml)
     )
