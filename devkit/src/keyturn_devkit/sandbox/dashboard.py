@@ -15,6 +15,7 @@ import hmac
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -261,17 +262,47 @@ def _refused(
     return _html(text, 400)
 
 
-@change
-async def create_api_key(
-    request: web.Request, sandbox: Sandbox, session: Session, form: Form
-) -> web.Response:
-    try:
-        key = actions.create_api_key(sandbox, _given(form, "name", "description", "scope"))
-    except ConfigError as exc:
-        return _refused(sandbox, session, "api_key", form, exc)
-    request["key_id"] = key["key_id"]
-    session.shown_once[key["key_id"]] = Secret(key.pop("key"))
-    return _see_other(f"/dashboard/api-keys/{key['key_id']}")
+def _creation(
+    section: str,
+    make: Callable[[Sandbox, dict[str, object]], dict[str, Any]],
+    fields: tuple[str, ...],
+    id_field: str,
+    value_field: str,
+    page: str,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A creation form: make it, keep its value for one showing, go to its page."""
+
+    @change
+    async def create(
+        request: web.Request, sandbox: Sandbox, session: Session, form: Form
+    ) -> web.Response:
+        try:
+            made = make(sandbox, _given(form, *fields))
+        except ConfigError as exc:
+            return _refused(sandbox, session, section, form, exc)
+        request[id_field] = made[id_field]
+        session.shown_once[made[id_field]] = Secret(made.pop(value_field))
+        return _see_other(f"{page}/{made[id_field]}")
+
+    return create
+
+
+create_api_key = _creation(
+    "api_key",
+    actions.create_api_key,
+    ("name", "description", "scope"),
+    "key_id",
+    "key",
+    "/dashboard/api-keys",
+)
+register_app = _creation(
+    "oauth_app",
+    actions.register_app,
+    ("name", "redirect_uri", "scope"),
+    "client_id",
+    "client_secret",
+    "/dashboard/oauth-apps",
+)
 
 
 @change
@@ -281,19 +312,6 @@ async def revoke_api_key(
     key = actions.revoke_api_key(sandbox, request.match_info["key_id"])
     request["key_id"] = key["key_id"]
     return _see_other(f"/dashboard/api-keys/{key['key_id']}")
-
-
-@change
-async def register_app(
-    request: web.Request, sandbox: Sandbox, session: Session, form: Form
-) -> web.Response:
-    try:
-        app = actions.register_app(sandbox, _given(form, "name", "redirect_uri", "scope"))
-    except ConfigError as exc:
-        return _refused(sandbox, session, "oauth_app", form, exc)
-    request["client_id"] = app["client_id"]
-    session.shown_once[app["client_id"]] = Secret(app.pop("client_secret"))
-    return _see_other(f"/dashboard/oauth-apps/{app['client_id']}")
 
 
 @change

@@ -146,6 +146,32 @@ def _field(
     )
 
 
+def _listing_row(page: str, item_id: str, name: str) -> list[str]:
+    """The first two cells of a listing: the name, linking to its page, and the id."""
+    return [f'<a href="{page}/{_e(item_id)}">{_e(name)}</a>', f"<code>{_e(item_id)}</code>"]
+
+
+def _section(
+    words: tuple[str, str, str, str, str],
+    headings: list[str],
+    rows: list[list[str]],
+    csrf: str,
+    problems: list[str],
+    fields: list[str],
+) -> str:
+    """A listing and its creation form; `words`: id, title, form title, form action, button."""
+    ident, title, creation, action, button = words
+    return (
+        f'<section id="{ident}"><h2>{_e(title)}</h2>'
+        + _table(headings, rows)
+        + f"<h3>{_e(creation)}</h3>"
+        + _problems(problems)
+        + f'<form method="post" action="{action}">{_csrf(csrf)}'
+        + "".join(fields)
+        + f'<button type="submit">{_e(button)}</button></form></section>'
+    )
+
+
 def overview(
     keys: list[dict[str, Any]],
     apps: list[dict[str, Any]],
@@ -157,53 +183,66 @@ def overview(
 ) -> str:
     """Both sections: a listing and a creation form each."""
     problems, forms = problems or {}, forms or {}
-    key_rows = [
-        [
-            f'<a href="/dashboard/api-keys/{_e(k["key_id"])}">{_e(k["name"])}</a>',
-            f"<code>{_e(k['key_id'])}</code>",
-            _e(k["description"]),
-            _status(k["status"]),
-            _e(k["created_at"]),
-        ]
-        for k in keys
-    ]
-    app_rows = [
-        [
-            f'<a href="/dashboard/oauth-apps/{_e(a["client_id"])}">{_e(a["name"])}</a>',
-            f"<code>{_e(a['client_id'])}</code>",
-            _e(a["redirect_uri"]),
-            _e(sum(s["status"] in ("active", "expiring") for s in a["secrets"])),
-            _e(a["created_at"]),
-        ]
-        for a in apps
-    ]
     key_form, app_form = forms.get("api_key", {}), forms.get("oauth_app", {})
-    main = (
-        '<section id="api-keys"><h2>API Keys</h2>'
-        + _table(["Name", "Key ID", "Description", "Status", "Created"], key_rows)
-        + "<h3>Create an API key</h3>"
-        + _problems(problems.get("api_key", []))
-        + f'<form method="post" action="/dashboard/api-keys">{_csrf(csrf)}'
-        + _field("name", "Name", key_form, "key_name")
-        + _field("description", "Description", key_form, "key_description")
-        + _field("scope", "Scope (optional; default: every scope)", key_form, "key_scope")
-        + '<button type="submit">Create API key</button></form></section>'
-        '<section id="oauth-apps"><h2>OAuth Applications</h2>'
-        + _table(["Name", "Client ID", "Redirect URI", "Live secrets", "Created"], app_rows)
-        + "<h3>Register an application</h3>"
-        + _problems(problems.get("oauth_app", []))
-        + f'<form method="post" action="/dashboard/oauth-apps">{_csrf(csrf)}'
-        + _field("name", "Application name", app_form, "app_name")
-        + _field("redirect_uri", "Redirect URI", app_form, "app_redirect_uri", kind="url")
-        + _field(
-            "scope", "Scope (optional; default: the sandbox's default_scope)", app_form, "app_scope"
-        )
-        + '<button type="submit">Register application</button></form></section>'
+    keys_section = _section(
+        ("api-keys", "API Keys", "Create an API key", "/dashboard/api-keys", "Create API key"),
+        ["Name", "Key ID", "Description", "Status", "Created"],
+        [
+            [
+                *_listing_row("/dashboard/api-keys", k["key_id"], k["name"]),
+                _e(k["description"]),
+                _status(k["status"]),
+                _e(k["created_at"]),
+            ]
+            for k in keys
+        ],
+        csrf,
+        problems.get("api_key", []),
+        [
+            _field("name", "Name", key_form, "key_name"),
+            _field("description", "Description", key_form, "key_description"),
+            _field("scope", "Scope (optional; default: every scope)", key_form, "key_scope"),
+        ],
     )
+    apps_section = _section(
+        (
+            "oauth-apps",
+            "OAuth Applications",
+            "Register an application",
+            "/dashboard/oauth-apps",
+            "Register application",
+        ),
+        ["Name", "Client ID", "Redirect URI", "Live secrets", "Created"],
+        [
+            [
+                *_listing_row("/dashboard/oauth-apps", a["client_id"], a["name"]),
+                _e(a["redirect_uri"]),
+                _e(sum(s["status"] in ("active", "expiring") for s in a["secrets"])),
+                _e(a["created_at"]),
+            ]
+            for a in apps
+        ],
+        csrf,
+        problems.get("oauth_app", []),
+        [
+            _field("name", "Application name", app_form, "app_name"),
+            _field("redirect_uri", "Redirect URI", app_form, "app_redirect_uri", kind="url"),
+            _field(
+                "scope",
+                "Scope (optional; default: the sandbox's default_scope)",
+                app_form,
+                "app_scope",
+            ),
+        ],
+    )
+    main = keys_section + apps_section
     return layout("Dashboard", main, csrf=csrf, notice=notice)
 
 
-def _shown_once(what: str, value: str, command: str) -> str:
+def _shown_once(what: str, value: str | None, command: str) -> str:
+    """The box with a new value, on the one page that shows it; nothing on any other."""
+    if value is None:
+        return ""
     return (
         f'<div class="once" role="alert"><p><strong>{_e(what)}, shown only this once.</strong>'
         " Copy it now: the sandbox keeps only its digest.</p>"
@@ -227,12 +266,8 @@ def _configuration(toml: str) -> str:
 
 
 def api_key_page(key: dict[str, Any], csrf: str, toml: str, shown_once: str | None) -> str:
-    name = snippets.credential_name(key["name"], "api-key")
-    once = (
-        _shown_once("The API key", shown_once, snippets.vault_command(name, "api_key"))
-        if shown_once
-        else ""
-    )
+    store = snippets.vault_command(snippets.credential_name(key["name"], "api-key"), "api_key")
+    once = _shown_once("The API key", shown_once, store)
     usage = key["usage"]
     rows = [
         ("Name", _e(key["name"])),
@@ -260,10 +295,8 @@ def api_key_page(key: dict[str, Any], csrf: str, toml: str, shown_once: str | No
 
 def app_page(app: dict[str, Any], csrf: str, toml: str, shown_once: str | None) -> str:
     name = snippets.credential_name(app["name"], "oauth-app")
-    once = (
-        _shown_once("The client secret", shown_once, snippets.vault_command(name, "client_secret"))
-        if shown_once
-        else ""
+    once = _shown_once(
+        "The client secret", shown_once, snippets.vault_command(name, "client_secret")
     )
     rows = [
         ("Application name", _e(app["name"])),
