@@ -1,6 +1,7 @@
 """The sandbox's dashboard in a real browser: Debian's chromium, headless, through its
 chromedriver and Selenium (never Selenium Manager's download). A person signs in, creates an
-API key and registers an application through the pages, and both work against the sandbox.
+API key and registers an application through the pages, and both work against the sandbox;
+then the application is deleted, past its confirmation.
 
 Screenshots go to the test's temporary directory; scripts/dashboard-screenshots.sh sets
 KEYTURN_DASHBOARD_SCREENSHOTS=docs/img to regenerate the ones docs/sandbox.md shows.
@@ -114,3 +115,11 @@ def test_a_person_makes_a_key_and_an_app_in_the_browser_and_both_work(
     assert "reporting" in page
     assert key not in page
     assert sandbox.admin_token not in page
+
+    browser.get(f"{base}/dashboard/oauth-apps/{client_id}")
+    _fill(browser, {}, "Delete this application")
+    WebDriverWait(browser, 10).until(lambda d: d.switch_to.alert).accept()  # the confirmation
+    notice = _text(browser, "notice")
+    assert notice.startswith("Deleted the application reporting")
+    gone = httpx.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
+    assert gone.status_code == 401

@@ -109,7 +109,7 @@ def layout(title: str, main: str, *, csrf: str | None = None, notice: str = "") 
             '<a href="/dashboard#oauth-apps">OAuth Applications</a>'
             + _form("/dashboard/sign-out", csrf, "Sign out")
         )
-    shown = f'<p class="notice" role="status">{_e(notice)}</p>' if notice else ""
+    shown = f'<p class="notice" id="notice" role="status">{_e(notice)}</p>' if notice else ""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(title)} · keyturn sandbox</title>"
