@@ -41,7 +41,8 @@ IMAGES = [
 ]
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_DIR = DEPLOY / "compose"
-KUBERNETES = DEPLOY / "kubernetes"
+KUBERNETES = DEPLOY / "kubernetes"  # the Helm chart rendered (tests/unit/test_helm_chart.py)
+CHART = DEPLOY / "helm" / "keyturn"
 VAULT = DEPLOY / "vault"
 YAMLLINT_CONFIG = DEPLOY / ".yamllint.yaml"
 KEYTURN_UID = 10001
@@ -51,6 +52,9 @@ OUR_YAML = [
     YAMLLINT_CONFIG,
     DEPLOY / "prometheus" / "kubernetes.yml",
     *sorted(KUBERNETES.glob("*.yaml")),
+    CHART / "Chart.yaml",
+    CHART / "values.yaml",
+    *sorted((CHART / "ci").glob("*.yaml")),
 ]
 
 
@@ -365,6 +369,9 @@ def test_compose_is_valid_against_the_compose_specification() -> None:
 
 
 # ---- Kubernetes ---------------------------------------------------------------------------
+# deploy/kubernetes is the Helm chart rendered with its defaults (scripts/render-kubernetes.py;
+# tests/unit/test_helm_chart.py holds them equal): what is checked here holds of the chart's
+# defaults.
 
 
 def manifests() -> Iterator[tuple[Path, dict[str, Any]]]:
