@@ -230,6 +230,18 @@ def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: helm.Chart, tmp_
         assert ref.path == f"{tmp_path}{mount['mountPath']}/{key}"
 
 
+def test_token_file_reads_the_token_vault_agent_keeps_current(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    auth = {"method": "token_file", "tokenFile": {"path": "/vault/secrets/token"}}
+    objects = render(chart, {"vault": {"auth": auth}})
+    config = pod_config(objects, "keyturn-0", tmp_path)
+    assert config.vault.auth.__class__.__name__ == "TokenFileAuth"
+    assert str(config.vault.auth.path) == "/vault/secrets/token"  # type: ignore[union-attr]
+    # Vault Agent's sidecar logs in with the pod's ServiceAccount token.
+    assert one(objects, "StatefulSet")["spec"]["template"]["spec"]["automountServiceAccountToken"]
+
+
 def test_the_whole_file_is_mounted_as_written(chart: helm.Chart) -> None:
     text = (ROOT / "deploy" / "keyturn.example.toml").read_text()
     objects = render(chart, {"config": {"file": text}})
@@ -273,6 +285,8 @@ def test_the_prometheus_rule_is_the_shipped_rules_file_and_passes_promtool(
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"vault": {"auth": {"method": "userpass"}}}, "/vault/auth/method"),
         ({"vault": {"auth": {"method": "approle"}}}, "/vault/auth/approle/secretName"),
+        ({"vault": {"auth": {"method": "token_file"}}}, "/vault/auth/tokenFile/path"),
+        ({"vault": {"caCert": "ca.crt"}}, "/vault/caCert"),
         ({"vault": {"address": "https://vault.example.com:8200/"}}, "/vault/address"),
         ({"config": {"vault": {"address": "https://elsewhere:8200"}}}, "address"),
         ({"config": {"credentials": [{"provider": "acme"}]}}, "/config/credentials/0"),

@@ -115,6 +115,8 @@ JSON's quoted strings, which are TOML's basic strings; a map in a table is an in
 {{- $_ := set $auth "role_id" (printf "file:%s/%s" (include "keyturn.approleDir" .) $approle.roleIdKey) -}}
 {{- $_ := set $auth "secret_id" (printf "file:%s/%s" (include "keyturn.approleDir" .) $approle.secretIdKey) -}}
 {{- $_ := set $auth "mount" $approle.mount -}}
+{{- else if eq $vault.auth.method "token_file" -}}
+{{- $_ := set $auth "path" (required "vault.auth.tokenFile.path: the token file, with vault.auth.method token_file" $vault.auth.tokenFile.path) -}}
 {{- end -}}
 {{- $table := dict "address" $vault.address "mount" $vault.mount "auth" $auth -}}
 {{- if $vault.namespace -}}{{- $_ := set $table "namespace" $vault.namespace -}}{{- end -}}
