@@ -204,6 +204,7 @@ def test_https_metrics_load_with_the_certificate_from_the_tls_secret(
     config = pod_config(objects, "keyturn-0", tmp_path)
     assert config.metrics.web_config is not None
     assert config.metrics.web_config.tls is not None
+    assert set(config.metrics.web_config.users) == {"prometheus"}
     assert config.metrics.open_paths == {"/healthz", "/readyz"}  # the kubelet has no password
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert container(objects)[probe]["httpGet"]["scheme"] == "HTTPS", probe
@@ -212,6 +213,25 @@ def test_https_metrics_load_with_the_certificate_from_the_tls_secret(
     assert "scheme" not in container(plain)["livenessProbe"]["httpGet"]
     assert "web.yml" not in one(plain, "ConfigMap")["data"]
     assert pod_config(plain, "keyturn-0", tmp_path / "plain").metrics.web_config is None
+
+
+def test_the_servicemonitor_scrapes_https_with_the_operators_fields(chart: helm.Chart) -> None:
+    objects = render(chart, sample(KUBERNETES_AUTH))
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"]) == ("metrics", "https")
+    tls = endpoint["tlsConfig"]
+    assert set(tls) == {"serverName", "ca", "cert", "keySecret"}  # the operator's SafeTLSConfig
+    assert set(tls["ca"]["secret"]) == set(tls["cert"]["secret"]) == {"name", "key"}
+    assert set(tls["keySecret"]) == {"name", "key"}
+    auth = endpoint["basicAuth"]
+    assert set(auth) == {"username", "password"}
+    assert all(set(ref) == {"name", "key"} for ref in auth.values())
+    # the Service's DNS name, which the server certificate must carry
+    meta = one(objects, "Service")["metadata"]
+    assert tls["serverName"] == f"{meta['name']}.{meta['namespace']}.svc"
+    # the user Prometheus sends is one web.yml knows
+    web = yaml.safe_load(one(objects, "ConfigMap")["data"]["web.yml"])
+    assert set(web["basic_auth_users"]) == {"prometheus"}
 
 
 def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: helm.Chart, tmp_path: Path) -> None:
