@@ -106,7 +106,8 @@ def pod_config(objects: list[dict[str, Any]], pod: str, root: Path) -> Config:
 
 def test_the_chart_is_released_at_keyturns_version(chart: helm.Chart) -> None:
     metadata = chart.metadata
-    assert metadata["version"] == metadata["appVersion"] == keyturn.__version__
+    versions = (metadata["version"], metadata["appVersion"])
+    assert versions == (keyturn.__version__,) * 2, "Chart.yaml: keyturn's __version__, twice"
     objects = render(chart)
     assert container(objects)["image"] == f"registry.example.com/keyturn:{keyturn.__version__}"
 
