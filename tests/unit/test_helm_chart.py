@@ -16,14 +16,17 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import helm_python as helm
 import pytest
 import yaml
 
 import keyturn
 from keyturn.config import Config, parse_config
+
+if TYPE_CHECKING:
+    from helm_python import Chart
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "keyturn"
@@ -37,7 +40,16 @@ OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 @pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
+def helm() -> ModuleType:
+    """Helm's engine. Imported by the tests that use it, not at collection: importing it starts
+    Go's runtime in the process, and only the worker that runs this module needs that."""
+    import helm_python  # noqa: PLC0415
+
+    return helm_python
+
+
+@pytest.fixture(scope="module")
+def chart(helm: ModuleType) -> Iterator[Chart]:
     with helm.Chart.load(CHART) as loaded:
         yield loaded
 
@@ -47,7 +59,7 @@ def sample(path: Path) -> dict[str, Any]:
     return values
 
 
-def render(chart: helm.Chart, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def render(chart: Chart, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The objects a `helm install keyturn -n keyturn` with these values would create."""
     manifests = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
     objects = []
@@ -104,7 +116,7 @@ def pod_config(objects: list[dict[str, Any]], pod: str, root: Path) -> Config:
     return parse_config(path.read_text(), str(path), environ)
 
 
-def test_the_chart_is_released_at_keyturns_version(chart: helm.Chart) -> None:
+def test_the_chart_is_released_at_keyturns_version(chart: Chart) -> None:
     metadata = chart.metadata
     versions = (metadata["version"], metadata["appVersion"])
     assert versions == (keyturn.__version__,) * 2, "Chart.yaml: keyturn's __version__, twice"
@@ -113,7 +125,7 @@ def test_the_chart_is_released_at_keyturns_version(chart: helm.Chart) -> None:
 
 
 @pytest.mark.parametrize("values", [None, *SAMPLES], ids=lambda p: p.name if p else "defaults")
-def test_helm_lint_finds_nothing(values: Path | None) -> None:
+def test_helm_lint_finds_nothing(helm: ModuleType, values: Path | None) -> None:
     report = helm.lint(CHART, sample(values) if values else None, strict=True, namespace=NAMESPACE)
     findings = [m for m in report["messages"] if m["error"] != "icon is recommended"]
     assert (findings, report["errors"]) == ([], [])
@@ -137,7 +149,7 @@ def test_the_kustomize_manifests_are_the_chart_rendered_with_its_defaults() -> N
 
 @pytest.mark.parametrize("values", [None, *SAMPLES], ids=lambda p: p.name if p else "defaults")
 def test_every_object_is_valid_against_the_kubernetes_api_schema(
-    chart: helm.Chart, values: Path | None
+    chart: Chart, values: Path | None
 ) -> None:
     import kubernetes_validate  # noqa: PLC0415 - test dependency, only here
 
@@ -164,7 +176,7 @@ def test_every_object_is_valid_against_the_kubernetes_api_schema(
 
 
 def test_the_three_replica_kubernetes_auth_sample_gives_each_pod_its_configuration(
-    chart: helm.Chart, tmp_path: Path
+    chart: Chart, tmp_path: Path
 ) -> None:
     objects = render(chart, sample(KUBERNETES_AUTH))
     statefulset = one(objects, "StatefulSet")
@@ -195,7 +207,7 @@ def test_the_three_replica_kubernetes_auth_sample_gives_each_pod_its_configurati
 
 
 def test_https_metrics_load_with_the_certificate_from_the_tls_secret(
-    chart: helm.Chart, tmp_path: Path
+    chart: Chart, tmp_path: Path
 ) -> None:
     """web.yml beside keyturn.toml, the certificate from the Secret, the probes in HTTPS."""
     objects = render(chart, sample(KUBERNETES_AUTH))
@@ -216,7 +228,7 @@ def test_https_metrics_load_with_the_certificate_from_the_tls_secret(
     assert pod_config(plain, "keyturn-0", tmp_path / "plain").metrics.web_config is None
 
 
-def test_the_servicemonitor_scrapes_https_with_the_operators_fields(chart: helm.Chart) -> None:
+def test_the_servicemonitor_scrapes_https_with_the_operators_fields(chart: Chart) -> None:
     objects = render(chart, sample(KUBERNETES_AUTH))
     (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["scheme"]) == ("metrics", "https")
@@ -235,7 +247,7 @@ def test_the_servicemonitor_scrapes_https_with_the_operators_fields(chart: helm.
     assert set(web["basic_auth_users"]) == {"prometheus"}
 
 
-def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: helm.Chart, tmp_path: Path) -> None:
+def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: Chart, tmp_path: Path) -> None:
     objects = render(chart, sample(APPROLE))
     config = pod_config(objects, "keyturn-0", tmp_path)
     auth = config.vault.auth
@@ -251,9 +263,7 @@ def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: helm.Chart, tmp_
         assert ref.path == f"{tmp_path}{mount['mountPath']}/{key}"
 
 
-def test_token_file_reads_the_token_vault_agent_keeps_current(
-    chart: helm.Chart, tmp_path: Path
-) -> None:
+def test_token_file_reads_the_token_vault_agent_keeps_current(chart: Chart, tmp_path: Path) -> None:
     auth = {"method": "token_file", "tokenFile": {"path": "/vault/secrets/token"}}
     objects = render(chart, {"vault": {"auth": auth}})
     config = pod_config(objects, "keyturn-0", tmp_path)
@@ -263,14 +273,14 @@ def test_token_file_reads_the_token_vault_agent_keeps_current(
     assert one(objects, "StatefulSet")["spec"]["template"]["spec"]["automountServiceAccountToken"]
 
 
-def test_the_whole_file_is_mounted_as_written(chart: helm.Chart) -> None:
+def test_the_whole_file_is_mounted_as_written(chart: Chart) -> None:
     text = (ROOT / "deploy" / "keyturn.example.toml").read_text()
     objects = render(chart, {"config": {"file": text}})
     assert one(objects, "ConfigMap")["data"]["keyturn.toml"].rstrip("\n") == text.rstrip("\n")
 
 
 def test_the_prometheus_rule_is_the_shipped_rules_file_and_passes_promtool(
-    chart: helm.Chart, tmp_path: Path
+    chart: Chart, tmp_path: Path
 ) -> None:
     rule = one(render(chart, sample(KUBERNETES_AUTH)), "PrometheusRule")
     shipped = yaml.safe_load(RULES.read_text())
@@ -316,7 +326,7 @@ def test_the_prometheus_rule_is_the_shipped_rules_file_and_passes_promtool(
     ],
 )
 def test_the_schema_refuses_a_wrong_value_naming_it(
-    chart: helm.Chart, values: dict[str, Any], named: str
+    helm: ModuleType, chart: Chart, values: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(helm.HelmValuesError) as refused:
         chart.render(values, name=RELEASE, namespace=NAMESPACE)
@@ -325,7 +335,7 @@ def test_the_schema_refuses_a_wrong_value_naming_it(
     assert any(named in line for line in lines), lines
 
 
-def test_every_value_is_in_the_schema_and_the_defaults_pass_it(chart: helm.Chart) -> None:
+def test_every_value_is_in_the_schema_and_the_defaults_pass_it(chart: Chart) -> None:
     """values.yaml and values.schema.json list the same keys, two levels down."""
     schema = chart.schema
     assert schema is not None
@@ -346,7 +356,7 @@ def test_every_value_is_in_the_schema_and_the_defaults_pass_it(chart: helm.Chart
     assert set(schema["properties"]) == set(chart.values)
 
 
-def documented_sets(command: str) -> dict[str, Any]:
+def documented_sets(helm: ModuleType, command: str) -> dict[str, Any]:
     """The values a documented `helm install|upgrade … --set k=v …` passes, as Helm parses them."""
     values: dict[str, Any] = {}
     for expression in re.findall(r"--set (\S+)", command):
@@ -365,7 +375,7 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_documented_helm_commands_use_the_chart_as_it_is(
-    chart: helm.Chart, tmp_path: Path
+    helm: ModuleType, chart: Chart, tmp_path: Path
 ) -> None:
     """docs/install-containers.md: its values file and `--set`s pass the schema and render;
     the refusal it shows is the one Helm gives."""
@@ -378,12 +388,12 @@ def test_the_documented_helm_commands_use_the_chart_as_it_is(
     for command in commands:
         assert command.split()[1:4] == [command.split()[1], "keyturn", "deploy/helm/keyturn"]
         assert "-f keyturn-values.yaml" in command
-        objects = render(chart, merge(documented, documented_sets(command)))
+        objects = render(chart, merge(documented, documented_sets(helm, command)))
         pod_config(objects, "keyturn-0", tmp_path / command.split()[1])
     refused = re.search(
         r"`(helm\s+install [^`]+)` stops with:\n\n```\n(.*?)```", section, re.DOTALL
     )
     assert refused is not None
     with pytest.raises(helm.HelmValuesError) as error:
-        chart.render(documented_sets(" ".join(refused[1].split())), name=RELEASE)
+        chart.render(documented_sets(helm, " ".join(refused[1].split())), name=RELEASE)
     assert str(error.value).strip() == refused[2].strip()
