@@ -14,7 +14,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,9 @@ KUBERNETES_AUTH = CHART / "ci" / "kubernetes-auth-values.yaml"
 APPROLE = CHART / "ci" / "approle-values.yaml"
 RULES = ROOT / "deploy" / "prometheus" / "keyturn-rules.yml"
 RELEASE = NAMESPACE = "keyturn"
-# Not in the Kubernetes API: the Prometheus Operator's CRDs.
+# Not in the Kubernetes API: the Prometheus Operator's CRDs (their schemas: tests/data/crds).
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+CrdErrors = Callable[[dict[str, Any]], list[str]]  # the crd_errors fixture (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +150,9 @@ def test_the_kustomize_manifests_are_the_chart_rendered_with_its_defaults() -> N
 
 @pytest.mark.parametrize("values", [None, *SAMPLES], ids=lambda p: p.name if p else "defaults")
 def test_every_object_is_valid_against_the_kubernetes_api_schema(
-    chart: Chart, values: Path | None
+    chart: Chart, values: Path | None, crd_errors: CrdErrors
 ) -> None:
+    """The API's own kinds with kubernetes-validate, the operator's with its CRDs' schemas."""
     import kubernetes_validate  # noqa: PLC0415 - test dependency, only here
 
     version = kubernetes_validate.latest_version()
@@ -164,7 +166,9 @@ def test_every_object_is_valid_against_the_kubernetes_api_schema(
     assert pod["securityContext"] == default_pod["securityContext"]
     for document in objects:
         assert document["metadata"]["namespace"] == NAMESPACE, document["kind"]
-        if document["kind"] not in OPERATOR_KINDS:
+        if document["kind"] in OPERATOR_KINDS:
+            assert crd_errors(document) == [], document["kind"]
+        else:
             kubernetes_validate.validate(document, version, strict=True)
     kinds = sorted(o["kind"] for o in objects)
     expected = {"ConfigMap", "NetworkPolicy", "Service", "ServiceAccount", "StatefulSet"}
@@ -245,6 +249,21 @@ def test_the_servicemonitor_scrapes_https_with_the_operators_fields(chart: Chart
     # the user Prometheus sends is one web.yml knows
     web = yaml.safe_load(one(objects, "ConfigMap")["data"]["web.yml"])
     assert set(web["basic_auth_users"]) == {"prometheus"}
+
+
+def test_a_misspelt_servicemonitor_endpoint_field_is_caught(
+    chart: Chart, crd_errors: CrdErrors
+) -> None:
+    """serviceMonitor.endpoint is the operator's to define: its CRD's schema, not the chart's,
+    refuses a field it does not have (an API server would drop it, and scrape plain HTTP)."""
+    values = sample(KUBERNETES_AUTH)
+    values["serviceMonitor"]["endpoint"]["tlsconfig"] = values["serviceMonitor"]["endpoint"].pop(
+        "tlsConfig"
+    )
+    monitor = one(render(chart, values), "ServiceMonitor")
+    assert crd_errors(monitor) == [
+        "spec/endpoints/0: Additional properties are not allowed ('tlsconfig' was unexpected)"
+    ]
 
 
 def test_approle_reads_its_ids_from_the_secret_it_mounts(chart: Chart, tmp_path: Path) -> None:
