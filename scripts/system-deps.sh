@@ -12,6 +12,10 @@ command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-sysusers >/dev/
 compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null || compgen -G "/usr/lib/faketime/libfaketime.so.1" >/dev/null || needed+=(libfaketime)
 # openssl makes the throwaway CA and server certificate of the TLS OpenBao: tests/integration/test_docs_real_vault.py.
 command -v openssl >/dev/null 2>&1 || needed+=(openssl)
+# A real browser for the sandbox dashboard's test (tests/integration/test_sandbox_dashboard_browser.py):
+# Debian's chromium and its chromedriver, which Selenium is pointed at (no driver download).
+command -v chromium >/dev/null 2>&1 || needed+=(chromium)
+[ -x /usr/bin/chromedriver ] || needed+=(chromium-driver)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

@@ -1,4 +1,5 @@
-"""Fixtures that start real servers on loopback: OpenBao (dev mode) and the sandbox service.
+"""Fixtures that start real servers on loopback: OpenBao (dev mode) and the sandbox service;
+and `crd_errors`, which checks a custom resource against its CRD's schema (tests/data/crds).
 
 No test depends on a server started by hand: each fixture starts its own on free ports and
 stops it afterwards.
@@ -6,11 +7,14 @@ stops it afterwards.
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import hvac
+import jsonschema
 import pytest
 
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
@@ -88,3 +92,57 @@ def sandbox_factory(tmp_path: Path) -> Iterator[Callable[..., SandboxProcess]]:
 def sandbox(sandbox_factory: Callable[..., SandboxProcess]) -> SandboxProcess:
     """A sandbox with default settings, fresh for each test."""
     return sandbox_factory()
+
+
+# ---- custom resources against their CRDs (no cluster) -----------------------------------
+
+
+def strict(schema: Any) -> Any:
+    """A copy of an OpenAPI v3 schema in which every object that lists its properties refuses
+    any other (what `kubectl apply --validate=strict` does; an API server would prune them)."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        if (
+            "properties" in node
+            and "additionalProperties" not in node
+            and not node.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            node["additionalProperties"] = False
+        for sub in node.get("properties", {}).values():
+            walk(sub)
+        for key in ("items", "additionalProperties", "not"):
+            walk(node.get(key))
+        for key in ("allOf", "anyOf", "oneOf"):
+            for sub in node.get(key, []):
+                walk(sub)
+
+    walk(schema)
+    return schema
+
+
+CRDS = Path(__file__).parent / "data" / "crds"
+
+
+def crd_schema(document: dict[str, Any]) -> dict[str, Any]:
+    group, _, version = document["apiVersion"].partition("/")
+    path = CRDS / f"{group}_{version}_{document['kind']}.json"
+    assert path.exists(), f"no schema for {document['apiVersion']} {document['kind']}"
+    return strict(json.loads(path.read_text()))
+
+
+def crd_problems(document: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(crd_schema(document))
+    return sorted(
+        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+        for error in validator.iter_errors(document)
+    )
+
+
+@pytest.fixture(scope="session")
+def crd_errors() -> Callable[[dict[str, Any]], list[str]]:
+    """What is wrong with a custom resource, by its CRD's schema in tests/data/crds made strict
+    (tests/data/crds/README.md): sorted lines `<path>: <message>`, none when it is valid."""
+    return crd_problems

@@ -216,15 +216,9 @@ async def open_daemon(
     """Start the daemon: Vault, the jobs, the scheduler and its housekeeping, local sinks,
     alerts and /metrics; on exit let in-flight runs finish and stop everything.
 
-    Each part is entered on one exit stack before what holds it: the store; the metrics,
-    sinks and alert dispatcher over it and the observers over those; the usage monitor (with
-    `[usage]`) over the observers; the jobs over all; the scheduler and the HTTP server over
-    the jobs; then the start (`start_running`) and the housekeeping. On a normal exit the
-    housekeeping stops, this instance leaves the others its share, the scheduler drains and
-    the plan is saved; then (on any exit) the sinks, the server, the dispatcher, the jobs, the
-    usage monitor and the store close, in that order.
-    `notifier` tells systemd (Type=notify) about start, reloads, stop and liveness; without
-    one, nobody."""
+    Each part is entered on one exit stack after what it needs, so they close in reverse.
+    On a normal exit the housekeeping stops, this instance leaves its share to the others,
+    the scheduler drains and the plan is saved. `notifier` tells systemd (Type=notify)."""
     clock = clock or SystemClock()
     notifier = notifier if notifier is not None else SystemdNotifier({})
     registry = registry if registry is not None else CollectorRegistry()

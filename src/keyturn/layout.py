@@ -1,17 +1,9 @@
 """What every kind publishes beside its data, and where keyturn's private records live.
 
-Published (at a credential's `publish_to`, readable by the app):
-    the kind's data, from its `Kind.published_fields` (`keyturn.kinds`):
-        oauth_client (`kinds/oauth_client/refresh.py`): access_token, token_type, expires_at,
-            issued_at, refresh_at, authorization
-        api_key (`kinds/api_key.py`): api_key, key_id, created_at, rotate_after, authorization
-    custom_metadata: managed-by=keyturn, credential, writer (what does not change from one
-        publish to the next: written when it differs from what is there, not with every
-        version; the times are in the data. Before 0.2.0 it also held expires_at and
-        refresh_at)
-
-Private (at `state_path(<state_prefix>, <name>)`, readable only by keyturn's policy): one
-record per credential, `keyturn.state.CredentialState`.
+Published at a credential's `publish_to`: the kind's `published_fields` and custom metadata
+(managed-by, credential, writer: written only when it differs). Private, at
+`state_path(<state_prefix>, <name>)`: one `keyturn.state.CredentialState` per credential.
+docs/vault.md lists every field.
 """
 
 from __future__ import annotations

@@ -36,6 +36,11 @@ SENSITIVE_KEYS = frozenset(
         "x-vault-token",
         "cookie",
         "set-cookie",
+        # keys instead of client secrets (RFC 7523, RFC 7591/7592)
+        "private_key",
+        "client_assertion",
+        "assertion",
+        "registration_access_token",
     }
 )
 

@@ -1,21 +1,10 @@
 """keyturn's private record of one credential, at `<state_prefix>/<name>` in Vault.
 
-In Vault the record is one KV entry of string fields, named as docs/vault.md lists them (an
-existing deployment must read the records it wrote). In Python it is a `CredentialState` of
-five typed parts, each changed with `dataclasses.replace` (so mypy sees every field name):
-
-    lease      which instance works on the credential now, and until when (or until which
-               published version lands)
-    refresh    the refresh token and what keeps it used once, by one instance (promise 2)
-    token      what apps read (when issued, until when, its KV version) and how the last run
-               went; for an api_key the key: `issued_at` its creation, `expires_at` its
-               rotate-after time
-    rotation   the rotation journal of an API key, a client secret or a signing key
-    own        what a kind keeps of its own (a signing key's registration access token): one
-               secret JSON object that only the kind's module reads (`KindRecord`)
-
-`FIELDS` declares each stored field once: its KV name, the part and attribute it maps to, and
-its codec. `to_data` and `from_data` are driven by it and nothing else.
+In Vault, one KV entry of string fields named as docs/vault.md lists them; in Python a
+`CredentialState` of five typed parts (`lease`, `refresh`, `token`, `rotation`, and `own`: what
+a kind keeps of its own, one secret JSON object only the kind's module reads, `KindRecord`),
+changed with `dataclasses.replace` so mypy sees every name. `FIELDS` declares each stored field
+once (KV name, part, attribute, codec) and alone drives `to_data` and `from_data`.
 """
 
 from __future__ import annotations

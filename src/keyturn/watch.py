@@ -1,20 +1,10 @@
 """Detector 1: a published secret changed by someone other than keyturn.
 
-A periodic sweep gets the KV metadata of every published path and compares it with what
-keyturn last wrote (re-reading the journal before reporting, as another instance may have
-written since): a newer version (a write by someone else), deleted or destroyed versions, or
-custom metadata that no longer says keyturn wrote it.
-Each finding is reported once per version seen. The response is configurable: `republish` puts
-keyturn's value back (apps get a working credential again), `alert` leaves the path alone for a
-person to look at. (Conflicts keyturn meets while writing are reported by the writers
-themselves.)
-
-Where two or more published paths share a folder, the sweep lists the folder with each key's
-metadata (OpenBao's `detailed-metadata` LIST, `LIST_PAGE` keys a call) instead of reading
-each path: at 10,000 credentials in one folder that is 20 calls, not 10,000. A path missing
-from the listing, a folder Vault will not list (HashiCorp Vault has no such endpoint: 404;
-a policy without `list` there: 403, then not tried again by this process) and a path alone
-in its folder are read one by one, as before.
+A periodic sweep compares every published path's KV metadata with what keyturn last wrote
+(re-reading the journal first: another instance may have written since) and reports each
+foreign version, deletion or metadata change once; `republish` puts keyturn's value back,
+`alert` leaves it for a person. Folders of several paths are listed with OpenBao's
+`detailed-metadata` LIST (one call per `LIST_PAGE` keys) instead of read path by path.
 """
 
 from __future__ import annotations

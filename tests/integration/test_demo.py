@@ -24,6 +24,7 @@ def test_the_demo_apps_get_every_value_three_ways(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"^  dashboard: +http://127\.0\.0\.1:\d+/dashboard ", result.stdout, re.M)
     cells = [CELL.findall(line) for line in result.stdout.splitlines() if "expires in" in line]
     assert len(cells) >= 10, result.stdout
     seen = [cell for line in cells for cell in line]

@@ -163,6 +163,23 @@ def test_admin_revokes_every_token_of_a_client(sandbox: SandboxProcess) -> None:
     assert {t["status"] for t in sandbox.admin.list_tokens(oauth["client_id"])} == {"revoked"}
 
 
+def test_deleting_an_app_ends_its_secrets_and_grants(sandbox: SandboxProcess) -> None:
+    oauth = sandbox.bootstrap["oauth_client"]
+    grant = client_credentials(sandbox, oauth["client_id"], oauth["client_secret"]).json()
+    deleted = sandbox.admin.delete_oauth_app(oauth["client_id"])
+    assert [s["status"] for s in deleted["secrets"]] == ["revoked"]
+    refused = client_credentials(sandbox, oauth["client_id"], oauth["client_secret"])
+    assert refused.json()["error"] == "invalid_client"
+    bearer = {"Authorization": f"Bearer {grant['access_token']}"}
+    assert httpx.get(f"{sandbox.base_url}/v1/users", headers=bearer).status_code == 401
+    reasons = {t["revoke_reason"] for t in sandbox.admin.list_tokens(oauth["client_id"])}
+    assert reasons == {"application deleted"}
+    for call in (sandbox.admin.get_oauth_app, sandbox.admin.delete_oauth_app):
+        with pytest.raises(httpx.HTTPStatusError) as caught:
+            call(oauth["client_id"])
+        assert caught.value.response.status_code == 404
+
+
 def test_settings_are_read_and_partially_updated_and_bad_ones_name_the_key(
     sandbox: SandboxProcess,
 ) -> None:

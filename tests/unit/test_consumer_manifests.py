@@ -20,11 +20,10 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 import yaml
 
@@ -37,6 +36,7 @@ CONSUMERS = ROOT / "deploy" / "consumers"
 KUBERNETES = CONSUMERS / "kubernetes"
 AGENT = CONSUMERS / "bao-agent"
 CRDS = ROOT / "tests" / "data" / "crds"
+CrdErrors = Callable[[dict[str, Any]], list[str]]  # the crd_errors fixture (tests/conftest.py)
 YAMLLINT_CONFIG = ROOT / "deploy" / ".yamllint.yaml"
 KEYTURN_CONFIGMAP = ROOT / "deploy" / "kubernetes" / "configmap.yaml"
 APP_HCL = ROOT / "deploy" / "vault" / "app.hcl"
@@ -84,47 +84,6 @@ def go_duration(text: str) -> float:
     if not parts or "".join(number + unit for number, unit in parts) != text:
         raise ValueError(f"not a Go duration: {text!r}")
     return sum(float(number) * _GO_UNITS[unit] for number, unit in parts)
-
-
-def strict(schema: Any) -> Any:
-    """A copy of an OpenAPI v3 schema in which every object that lists its properties refuses
-    any other (what `kubectl apply --validate=strict` does; an API server would prune them)."""
-    schema = copy.deepcopy(schema)
-
-    def walk(node: Any) -> None:
-        if not isinstance(node, dict):
-            return
-        if (
-            "properties" in node
-            and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            node["additionalProperties"] = False
-        for sub in node.get("properties", {}).values():
-            walk(sub)
-        for key in ("items", "additionalProperties", "not"):
-            walk(node.get(key))
-        for key in ("allOf", "anyOf", "oneOf"):
-            for sub in node.get(key, []):
-                walk(sub)
-
-    walk(schema)
-    return schema
-
-
-def crd_schema(document: dict[str, Any]) -> dict[str, Any]:
-    group, _, version = document["apiVersion"].partition("/")
-    path = CRDS / f"{group}_{version}_{document['kind']}.json"
-    assert path.exists(), f"no schema for {document['apiVersion']} {document['kind']}"
-    return strict(json.loads(path.read_text()))
-
-
-def crd_errors(document: dict[str, Any]) -> list[str]:
-    validator = jsonschema.Draft7Validator(crd_schema(document))
-    return sorted(
-        f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
-        for error in validator.iter_errors(document)
-    )
 
 
 def keyturn_config() -> Config:
@@ -214,11 +173,15 @@ def test_the_kubernetes_kinds_are_valid_against_the_kubernetes_api_schema() -> N
 
 
 @pytest.mark.parametrize("kind", sorted(OPERATOR_KINDS))
-def test_the_operator_resources_are_valid_against_their_crd_schemas(kind: str) -> None:
+def test_the_operator_resources_are_valid_against_their_crd_schemas(
+    kind: str, crd_errors: CrdErrors
+) -> None:
     assert crd_errors(resource(kind)) == []
 
 
-def test_the_strict_schemas_refuse_what_a_cluster_would_drop_or_refuse() -> None:
+def test_the_strict_schemas_refuse_what_a_cluster_would_drop_or_refuse(
+    crd_errors: CrdErrors,
+) -> None:
     """The schema check can fail: a misspelt field (which an API server would prune, leaving
     the default interval), a wrong type or enumeration, VSO's one-unit duration."""
     external = copy.deepcopy(resource("ExternalSecret"))

@@ -17,7 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ IMAGES = [
 ]
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 COMPOSE_DIR = DEPLOY / "compose"
-KUBERNETES = DEPLOY / "kubernetes"
+KUBERNETES = DEPLOY / "kubernetes"  # the Helm chart rendered (tests/unit/test_helm_chart.py)
+CHART = DEPLOY / "helm" / "keyturn"
 VAULT = DEPLOY / "vault"
 YAMLLINT_CONFIG = DEPLOY / ".yamllint.yaml"
 KEYTURN_UID = 10001
@@ -51,6 +52,9 @@ OUR_YAML = [
     YAMLLINT_CONFIG,
     DEPLOY / "prometheus" / "kubernetes.yml",
     *sorted(KUBERNETES.glob("*.yaml")),
+    CHART / "Chart.yaml",
+    CHART / "values.yaml",
+    *sorted((CHART / "ci").glob("*.yaml")),
 ]
 
 
@@ -365,6 +369,9 @@ def test_compose_is_valid_against_the_compose_specification() -> None:
 
 
 # ---- Kubernetes ---------------------------------------------------------------------------
+# deploy/kubernetes is the Helm chart rendered with its defaults (scripts/render-kubernetes.py;
+# tests/unit/test_helm_chart.py holds them equal): what is checked here holds of the chart's
+# defaults.
 
 
 def manifests() -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -380,15 +387,20 @@ def resource(kind: str) -> dict[str, Any]:
     return found[0]
 
 
-def test_every_manifest_is_valid_against_the_kubernetes_api_schema() -> None:
+def test_every_manifest_is_valid_against_the_kubernetes_api_schema(
+    crd_errors: Callable[[dict[str, Any]], list[str]],
+) -> None:
     import kubernetes_validate  # noqa: PLC0415 - test dependency, only here
 
     version = kubernetes_validate.latest_version()
     kinds = []
     for path, document in manifests():
         kinds.append(document["kind"])
-        if document["kind"] in {"Kustomization", "ServiceMonitor"}:
-            continue  # not in the Kubernetes API (kustomize; the Prometheus Operator's CRD)
+        if document["kind"] == "Kustomization":
+            continue  # kustomize's, not the Kubernetes API's
+        if document["kind"] == "ServiceMonitor":  # the Prometheus Operator's CRD
+            assert crd_errors(document) == []
+            continue
         kubernetes_validate.validate(document, version, strict=True)
         assert path.suffix == ".yaml"
     assert sorted(kinds) == sorted(

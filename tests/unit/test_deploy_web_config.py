@@ -1,7 +1,7 @@
-"""The HTTPS variants the deploy files carry for `[metrics] web_config`, commented out between
-"-- HTTPS variant: uncomment --" and "-- end of the HTTPS variant --": uncommented, the
-Prometheus configurations pass promtool and the ServiceMonitor has the Prometheus Operator's
-fields; the ConfigMap's web.yml uses only keys keyturn reads."""
+"""The HTTPS variants the Prometheus configurations carry for `[metrics] web_config`, commented
+out between "-- HTTPS variant: uncomment --" and "-- end of the HTTPS variant --": uncommented,
+they pass promtool. (On Kubernetes, HTTPS is the Helm chart's metrics.webConfig:
+tests/unit/test_helm_chart.py checks its web.yml, probes and ServiceMonitor.)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import yaml
-
-from keyturn.config.webconfig import parse_web_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -79,38 +76,3 @@ def test_the_kubernetes_prometheus_configuration_has_an_https_variant(tmp_path: 
     del job["kubernetes_sd_configs"]  # Debian's promtool has no Kubernetes discovery
     job["static_configs"] = [{"targets": ["127.0.0.1:9797"]}]
     promtool_check(config, tmp_path)
-
-
-def test_the_servicemonitor_has_an_https_variant_with_the_operators_fields() -> None:
-    text = (DEPLOY / "kubernetes" / "servicemonitor.yaml").read_text()
-    (endpoint,) = yaml.safe_load(uncommented(text))["spec"]["endpoints"]
-    assert endpoint["scheme"] == "https"
-    tls = endpoint["tlsConfig"]
-    assert set(tls) == {"serverName", "ca", "cert", "keySecret"}  # the operator's SafeTLSConfig
-    assert set(tls["ca"]["secret"]) == set(tls["cert"]["secret"]) == {"name", "key"}
-    assert set(tls["keySecret"]) == {"name", "key"}
-    auth = endpoint["basicAuth"]
-    assert set(auth) == {"username", "password"}
-    assert all(set(ref) == {"name", "key"} for ref in auth.values())
-    # the Service's DNS name, which the server certificate must carry
-    service = yaml.safe_load((DEPLOY / "kubernetes" / "service.yaml").read_text())
-    meta = service["metadata"]
-    assert tls["serverName"] == f"{meta['name']}.{meta['namespace']}.svc"
-
-
-def test_the_configmaps_web_yml_uses_only_keys_keyturn_reads() -> None:
-    text = (DEPLOY / "kubernetes" / "configmap.yaml").read_text()
-    lines = text.splitlines()
-    start = lines.index("  # web.yml: |")
-    body = [line.removeprefix("  #   ") for line in lines[start + 1 :] if line.startswith("  #")]
-    example = "\n".join(body).replace(
-        "$2b$12$...", bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=4)).decode()
-    )
-    web, problems = parse_web_config(yaml.safe_load(example), Path("/etc/keyturn/web.yml"))
-    # the certificate is not here: loading it is the one problem
-    assert web is None
-    assert len(problems) == 1, problems
-    assert problems[0].startswith(
-        "tls_server_config: cannot load the certificate, key or CA "
-        "(/etc/keyturn-tls/tls.crt, /etc/keyturn-tls/tls.key)"
-    )

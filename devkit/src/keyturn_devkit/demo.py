@@ -111,6 +111,7 @@ def _banner(workdir: Path, vault: OpenBaoDevServer, sandbox: SandboxProcess) -> 
         f"""keyturn demo
   OpenBao (dev):  {vault.address}
   sandbox:        {sandbox.base_url}
+  dashboard:      {sandbox.base_url}/dashboard  (sign in with $SANDBOX_ADMIN_TOKEN from env.sh)
   config:         {workdir / "keyturn.toml"}
   daemon log:     {workdir / "keyturn.log"}
 In another shell:  source {workdir / "env.sh"}   then try the README's curl examples.

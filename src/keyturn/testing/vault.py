@@ -1,15 +1,9 @@
-"""`FakeVaultStore`: an in-memory `KvStore` with KV v2's real semantics.
+"""`FakeVaultStore`: an in-memory `KvStore` with KV v2's real semantics (versions,
+check-and-set, `max_versions`, custom metadata, a glob `policy` that denies calls).
 
-Versions count from 1, check-and-set works as in Vault (`cas=0` must not exist, `cas=N` must
-be the current version), at most `max_versions` versions are kept, custom metadata is
-replaced by each metadata write, and a `policy` (full API path -> capabilities, `*` and `+`
-globs) turns denied calls into `VaultPermissionDenied`. The contract suite runs against this
-and a real OpenBao, so what a unit test learns from the fake holds against Vault.
-
-Test conveniences: `fail_next(exc)`, `unavailable`, `detailed_listing`, `writes`,
-`external_write`, `delete_versions`, `destroy_versions`; `reads` (every read, and whether it
-asked to be `consistent`) and `stale_by` (a lagging standby: plain reads miss the latest
-versions).
+The contract suite runs against it and a real OpenBao, so it cannot drift. Test conveniences:
+`fail_next`, `unavailable`, `detailed_listing`, `writes`, `external_write`,
+`delete_versions`, `destroy_versions`, `reads` and `stale_by` (a lagging standby).
 """
 
 from __future__ import annotations

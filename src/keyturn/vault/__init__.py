@@ -1,12 +1,7 @@
 """The Vault edge of keyturn: a small typed async KV v2 store with hvac behind it.
 
-    store.py ....... `KvStore` (the interface), `KvEntry`, `KvMetadata`, `VersionInfo`
-    hvac_store.py .. `VaultStore`, the real one (Vault or OpenBao)
-    client.py ...... `VaultConnection`; hvac on a bounded thread pool; error translation
-    auth.py ........ `VaultAuth` (login methods) and `TokenKeeper` (keyturn's own token)
-    renewal.py ..... when to renew that token: pure functions
-
-`keyturn.testing.vault.FakeVaultStore` is the in-memory `KvStore` for unit tests.
+`store.py` (the `KvStore` interface), `hvac_store.py` (the real one), `client.py` (hvac on a
+thread pool, error translation), `auth.py` (login, `TokenKeeper`), `renewal.py` (when to renew).
 """
 
 from keyturn.vault.auth import TokenKeeper, VaultAuth

@@ -1,43 +1,10 @@
-"""The blocking edge: hvac on a bounded thread pool, and error translation.
+"""The blocking edge: hvac on a bounded thread pool, active-node routing, error translation.
 
-Every Vault call goes through hvac: its typed methods (`secrets.kv.v2`, `auth.token`,
-`auth.approle`, `auth.kubernetes`, `sys`) where they fit, its adapter's request methods where
-hvac has none (or sends more than keyturn means to). Under hvac is one `requests.Session` with
-requests' own `HTTPAdapter` mounted (its connection pool, TLS and proxies); keyturn writes no
-HTTP client of its own. Tests mount a fake `requests` adapter on that same session instead
-(`transport`, see `keyturn.testing.transport`), so everything above it runs as in
-production.
-
-hvac (and requests under it) block, so every call runs on a dedicated `ThreadPoolExecutor`
-whose size is the Vault concurrency; the requests pool holds as many connections, so no call
-waits for a socket and no more than `max_workers` requests are ever in flight. Everything hvac
-or requests raises is translated here, once, into keyturn's `VaultError` tree with
-`raise ... from exc`; messages name the operation and path, never a value.
-
-The headers a call needs beyond what hvac's typed methods send (the token of the call, or none
-for a login; the consistency headers below) are handed to keyturn's hvac adapter
-(`NodeAdapter`) for the duration of the call on its thread, and the adapter hands back the
-`X-Vault-Index` of the answer the same way: hvac's methods return the body only.
-
-Every call also reports itself to an optional `on_operation(operation, result, seconds)`
-callback (metrics): `operation` is one of `VAULT_OPERATIONS`, `result` one of `VAULT_RESULTS`
-(see `operation_result`). A read of a missing path counts as `not_found`, not as an error:
-it is how keyturn learns that a record does not exist yet, so dashboards should not treat it
-as a failure.
-
-Vault and OpenBao clusters (HA, Raft): a standby node may answer reads from its own copy of the
-Raft log (OpenBao's default since standby reads, Vault Enterprise's performance standbys), so
-a read through it can miss a write that was already acknowledged. A call made with
-`consistent=True` (every write the store makes, and the reads whose answer keyturn acts on) goes
-to the *active* node, found with `GET sys/leader` on the configured node(s) and re-checked every
-`ACTIVE_RECHECK` seconds or as soon as that node fails. It also carries the newest
-`X-Vault-Index` keyturn has been given and `X-Vault-Inconsistent: forward-active-node`, so a
-node that has not yet applied keyturn's own last write forwards the call to the active node
-instead of answering from stale data (OpenBao 2.7+, Vault Enterprise; ignored elsewhere). A
-single server (`ha_enabled: false`) is its own active node: nothing changes for it. Other
-calls go to the configured address, or the next of `VaultConnection.nodes` when it cannot be
-reached. A call a standby refused because it knows no active node (an election under way) is
-sent again once a new one is found (`ELECTION_PAUSE`, `ELECTION_RETRIES`).
+Every Vault call goes through hvac over one `requests.Session`; nothing here frames HTTP.
+Calls run on a dedicated thread pool (hvac blocks), are translated into the `VaultError` tree
+once, and report themselves to `on_operation` for metrics. `consistent=True` sends a call to
+the active node of a cluster with the index of keyturn's last write. docs/architecture.md
+("The Vault edge") tells why each of these is so.
 """
 
 from __future__ import annotations
@@ -553,15 +520,9 @@ class VaultClient:
         consistent: bool = False,
     ) -> dict[str, Any] | None:
         """One Vault call: `use(node)` with hvac on the node it goes to; the JSON body, or
-        None for 204 (or for 404 when `missing_ok`).
-
-        `kind` is the call's word for metrics (`on_operation`); `operation` describes it in
-        error messages. `write`: the call changes something (it is never sent to another node
-        unless it surely never reached the first). `auth` and `token` send no token (logins)
-        or that one instead of the current one (look-ups of a candidate token). `consistent`:
-        the answer must reflect every write Vault has acknowledged (and a write must be judged
-        against current data): the call goes to the active node, see the module docstring.
-        """
+        None for 204 (or 404 when `missing_ok`). `kind`/`operation` name it for metrics and
+        errors; a `write` is never resent to another node unless it surely never arrived;
+        `auth`/`token` send no token or that one; `consistent` goes to the active node."""
         started = self._clock.monotonic()
         try:
             answer = await self._send(

@@ -1,23 +1,9 @@
 """`VaultStore`: `KvStore` on a real Vault or OpenBao KV v2 mount, through hvac.
 
-Every call runs on `VaultClient`'s bounded thread pool and fails only with keyturn's
-`VaultError` tree. A 403 is ambiguous in Vault (policy denial, or a token that expired or was
-revoked), so the store asks the `TokenKeeper`: if the token was the cause, it logs in again
-and retries the call once; otherwise the 403 stands as `VaultPermissionDenied`.
-
-On a cluster (see `keyturn.vault.client`), every write goes to the active node, and so do the
-reads made with `consistent=True`. A check-and-set conflict is only reported once a consistent
-read shows the secret really is at another version: a node that had not yet applied the
-version named in `cas` rejects the write without asking the active node (OpenBao's KV engine
-checks `cas` against the node's own copy before the write is forwarded), and such a rejection
-is retried instead of being reported as a conflict.
-
-A check-and-set write whose answer was lost (the connection broke after the request went out,
-a time-out, a 5xx or 429: the node may have stopped mid-call in an election) is sent once
-more: `cas` makes a second landing impossible, and a conflict on the resend is checked against
-what was sent, so a write that had landed is known as landed instead of failing the run.
-Custom metadata is sent once more too (writing it twice changes nothing); an unconditional
-data write never is.
+It adds to `VaultClient` what KV v2 needs: a 403 caused by keyturn's own expired token is
+retried once after a new login; a check-and-set conflict is reported only when a consistent
+read proves it; a check-and-set write whose answer was lost is sent once more and known as
+landed if it did (docs/architecture.md, "The Vault edge").
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """Is a mount keyturn uses really a KV v2 secrets engine?
 
-keyturn writes `<mount>/data/<path>` and `<mount>/metadata/<path>`. Where nothing is mounted
-those writes fail forever; on a KV v1 mount they *succeed*, as plain secrets whose names start
-with `data/`, and nothing reads them back as keyturn expects. So `keyturn check` and the
-daemon's start ask Vault what is mounted there (`sys/internal/ui/mounts/<mount>`, the call the
-`vault kv` CLI makes) before anything is written.
-
-Vault answers that call with 403 both where nothing is mounted and to a token whose policy
-grants nothing under the mount (so that it cannot be used to list mounts). The token's own
-capabilities under the mount tell the two apart: a token that holds some there (or root) is
-refused only because nothing is mounted.
+On a KV v1 mount keyturn's writes would *succeed*, as secrets named `data/...` that nothing
+reads back, so `check` and the daemon's start ask what is mounted before writing; a 403 is
+told apart (nothing mounted, or a policy granting nothing) by the token's capabilities.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The Vault interface the rest of keyturn codes against: `KvStore` and its value types.
 
-Two implementations satisfy it: `keyturn.vault.hvac_store.VaultStore` (a real Vault or OpenBao
-KV v2 mount through hvac) and `keyturn.testing.vault.FakeVaultStore` (in memory, for unit
-tests). One contract suite (tests/integration/test_vault_contract.py) runs over both, so the
-fake cannot drift from what OpenBao does.
-
-Values come back as plain `str`: the caller knows which fields are secret and wraps them in
-`Secret` itself. `Secret` values handed to `write` are revealed only at the wire.
-
-Consistency: on a Vault/OpenBao cluster a standby node may answer a read from a copy that is
-a few Raft entries behind. A read whose answer keyturn acts on (a state record before taking
-the lease, the published path before writing it with check-and-set) passes `consistent=True`:
-the answer then reflects every write acknowledged before the read was sent. Writes are always
-judged against current data, and `VaultCasConflict` means the secret really is at another
-version. A single server is consistent either way.
+Satisfied by `VaultStore` (hvac) and `keyturn.testing.vault.FakeVaultStore` (memory); one
+contract suite runs over both. Values come back as plain `str` (callers wrap secret fields in
+`Secret`); `consistent=True` reads reflect every acknowledged write, even on a cluster.
 """
 
 from __future__ import annotations
@@ -78,16 +67,10 @@ class KvStore(Protocol):
         cas: int | None,
         custom_metadata: Mapping[str, str] | None = None,
     ) -> int:
-        """Write a new version and return its number.
-
-        `cas=0`: the path must not exist; `cas=N`: the current version must be N; `cas=None`:
-        unconditional. A lost check-and-set raises `VaultCasConflict` (proven: the current
-        version, read consistently, is not `cas`). `custom_metadata`, when
-        given, replaces the path's custom metadata in a *second* call after the data write:
-        if that call fails, the new version exists without the new metadata. A check-and-set
-        write whose answer was lost is sent once more (`cas` makes that safe) and known as
-        written if the next version holds what was sent (see `keyturn.vault.hvac_store`).
-        """
+        """Write a new version and return its number. `cas=0`: the path must not exist;
+        `cas=N`: the current version must be N (a proven loss raises `VaultCasConflict`);
+        `None`: unconditional. `custom_metadata` replaces the path's custom metadata in a
+        second call, so a failure there leaves the new version without it."""
         ...
 
     async def read_metadata(self, path: str, *, consistent: bool = False) -> KvMetadata | None:

@@ -116,6 +116,9 @@ class SandboxAdmin:
     def get_oauth_app(self, client_id: str) -> Any:
         return self.request("GET", f"/admin/oauth-apps/{client_id}")
 
+    def delete_oauth_app(self, client_id: str) -> Any:
+        return self.request("DELETE", f"/admin/oauth-apps/{client_id}")
+
     def rotate_client_secret(self, client_id: str, overlap_seconds: int | None = None) -> Any:
         body = {} if overlap_seconds is None else {"overlap_seconds": overlap_seconds}
         return self.request("POST", f"/admin/oauth-apps/{client_id}/rotate-secret", body)

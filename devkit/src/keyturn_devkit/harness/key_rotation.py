@@ -31,28 +31,13 @@ from keyturn.commands.status import EXIT_NOT_OK, EXIT_OK
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import Deployment, _table, prepare_deployment
+from keyturn_devkit.sandbox import snippets
 
-ADMIN_TOKEN_VARIABLE = "SANDBOX_ADMIN_TOKEN"
+ADMIN_TOKEN_VARIABLE = snippets.ADMIN_TOKEN_VARIABLE
 
-# The worked example of docs/configuration.md, against the deployment's provider "sandbox".
-SANDBOX_ROTATORS = """
-[[rotators]]
-name = "sandbox-keys"
-type = "http"
-provider = "sandbox"
-auth = "env:SANDBOX_ADMIN_TOKEN"
-create = { method = "POST", path = "/admin/api-keys", body = '{"name": "{key_name}", "description": "rotated by keyturn"}', value = "/key", id = "/key_id" }
-revoke = { method = "DELETE", path = "/admin/api-keys/{key_id}" }
-find = { method = "GET", path = "/admin/api-keys", items = "/api_keys", name = "/name", id = "/key_id" }
-
-[[rotators]]
-name = "sandbox-client-secrets"
-type = "http"
-provider = "sandbox"
-auth = "env:SANDBOX_ADMIN_TOKEN"
-create = { method = "POST", path = "/admin/oauth-apps/{client_id}/rotate-secret", body = '{"overlap_seconds": 86400}', value = "/client_secret", id = "/secret_id" }
-revoke = { method = "DELETE", path = "/admin/oauth-apps/{client_id}/secrets/{key_id}" }
-"""  # noqa: E501 - TOML inline tables are one line
+# The worked example of docs/configuration.md, against the deployment's provider "sandbox"
+# (what the dashboard shows too).
+SANDBOX_ROTATORS = snippets.ROTATORS
 
 EXEC_SCRIPT = '''#!{python}
 """keyturn exec rotator over the sandbox's admin API (integration tests).

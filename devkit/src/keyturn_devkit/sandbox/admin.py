@@ -11,14 +11,13 @@ import functools
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from keyturn.errors import ConfigError
 from keyturn.logs import get_logger
 from keyturn.secret import Secret
-from keyturn_devkit.sandbox.config import Problems, check_int, check_scope
+from keyturn_devkit.sandbox import actions
 from keyturn_devkit.sandbox.context import SANDBOX, Sandbox
 from keyturn_devkit.sandbox.model import NotFound, OAuthFailure
 from keyturn_devkit.sandbox.wire import (
@@ -40,6 +39,12 @@ def _error(status: int, error: str, description: str, **extra: Any) -> web.Respo
     return json_response({"error": error, "error_description": description, **extra}, status)
 
 
+def admin_token_matches(sandbox: Sandbox, value: str | None) -> bool:
+    """Whether `value` is the admin token (compared in constant time)."""
+    expected = sandbox.admin_token.reveal().encode()
+    return value is not None and hmac.compare_digest(value.encode(), expected)
+
+
 def guarded(handler: AdminHandler) -> Handler:
     """Check the admin token, parse errors into 4xx answers, hand the handler the sandbox."""
 
@@ -47,8 +52,7 @@ def guarded(handler: AdminHandler) -> Handler:
     async def wrapper(request: web.Request) -> web.Response:
         sandbox = request.app[SANDBOX]
         value, _ = bearer_value(request.headers.get("Authorization"))
-        expected = sandbox.admin_token.reveal().encode()
-        if value is None or not hmac.compare_digest(value.encode(), expected):
+        if not admin_token_matches(sandbox, value):
             response = _error(401, "invalid_token", "admin token required")
             challenge = bearer_challenge("invalid_token", "admin token required")
             response.headers["WWW-Authenticate"] = challenge.replace(
@@ -72,120 +76,66 @@ async def _body(request: web.Request, sandbox: Sandbox) -> dict[str, Any]:
     return parse_json_object(raw) if raw.strip() else {}
 
 
-def _text(data: dict[str, Any], key: str, *, required: bool, limit: int = 200) -> str:
-    value = data.get(key)
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
-        raise ConfigError(f"{key}: expected a string of 1 to {limit} characters")
-    return value
-
-
-def _scope(data: dict[str, Any]) -> str | None:
-    if data.get("scope") is None:
-        return None
-    problems = Problems("request")
-    scope = check_scope(problems, "scope", data["scope"])
-    if scope is None:
-        raise ConfigError(problems.lines)
-    return scope
-
-
-def _redirect_uri(data: dict[str, Any]) -> str:
-    """RFC 6749 §3.1.2: an absolute URI without a fragment."""
-    uri = _text(data, "redirect_uri", required=True, limit=2000)
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.fragment:
-        raise ConfigError("redirect_uri: expected an absolute http(s) URI without a fragment")
-    return uri
-
-
-# -- API keys -----------------------------------------------------------------------------------
+# -- API keys and OAuth applications: the actions the dashboard shares -----------------------
 
 
 @guarded
 async def create_api_key(request: web.Request, sandbox: Sandbox) -> web.Response:
-    data = await _body(request, sandbox)
-    key, value = sandbox.state.create_api_key(
-        _text(data, "name", required=True),
-        _text(data, "description", required=False, limit=2000),
-        _scope(data),
-    )
-    request["key_id"] = key.key_id
-    return json_response({**key.to_json(), "key": value.reveal()}, 201, NO_STORE)
+    body = actions.create_api_key(sandbox, await _body(request, sandbox))
+    request["key_id"] = body["key_id"]
+    return json_response(body, 201, NO_STORE)
 
 
 @guarded
 async def list_api_keys(request: web.Request, sandbox: Sandbox) -> web.Response:
-    return json_response({"api_keys": [k.to_json() for k in sandbox.state.api_keys()]})
+    return json_response({"api_keys": actions.api_keys(sandbox)})
 
 
 @guarded
 async def get_api_key(request: web.Request, sandbox: Sandbox) -> web.Response:
-    return json_response(sandbox.state.api_key(request.match_info["key_id"]).to_json())
+    return json_response(actions.api_key(sandbox, request.match_info["key_id"]))
 
 
 @guarded
 async def revoke_api_key(request: web.Request, sandbox: Sandbox) -> web.Response:
-    return json_response(sandbox.state.revoke_api_key(request.match_info["key_id"]).to_json())
-
-
-# -- OAuth applications -------------------------------------------------------------------------
+    return json_response(actions.revoke_api_key(sandbox, request.match_info["key_id"]))
 
 
 @guarded
 async def create_oauth_app(request: web.Request, sandbox: Sandbox) -> web.Response:
-    data = await _body(request, sandbox)
-    app, record, value = sandbox.state.register_app(
-        _text(data, "name", required=True), _redirect_uri(data), _scope(data)
-    )
-    request["client_id"] = app.client_id
-    body = {
-        **app.to_json(sandbox.clock.time()),
-        "client_secret": value.reveal(),
-        "secret_id": record.secret_id,
-    }
+    body = actions.register_app(sandbox, await _body(request, sandbox))
+    request["client_id"] = body["client_id"]
     return json_response(body, 201, NO_STORE)
 
 
 @guarded
 async def list_oauth_apps(request: web.Request, sandbox: Sandbox) -> web.Response:
-    now = sandbox.clock.time()
-    return json_response({"oauth_apps": [a.to_json(now) for a in sandbox.state.apps()]})
+    return json_response({"oauth_apps": actions.apps(sandbox)})
 
 
 @guarded
 async def get_oauth_app(request: web.Request, sandbox: Sandbox) -> web.Response:
-    app = sandbox.state.app(request.match_info["client_id"])
-    return json_response(app.to_json(sandbox.clock.time()))
+    return json_response(actions.app(sandbox, request.match_info["client_id"]))
+
+
+@guarded
+async def delete_oauth_app(request: web.Request, sandbox: Sandbox) -> web.Response:
+    request["client_id"] = request.match_info["client_id"]
+    return json_response(actions.delete_app(sandbox, request.match_info["client_id"]))
 
 
 @guarded
 async def rotate_client_secret(request: web.Request, sandbox: Sandbox) -> web.Response:
-    """A new client secret; older ones stay valid for `overlap_seconds` (or the setting)."""
-    data = await _body(request, sandbox)
-    overlap = data.get("overlap_seconds")
-    if overlap is not None:
-        problems = Problems("request")
-        overlap = check_int(problems, "overlap_seconds", overlap, 0, 366 * 86400)
-        if overlap is None:
-            raise ConfigError(problems.lines)
     client_id = request.match_info["client_id"]
-    record, value = sandbox.state.rotate_client_secret(client_id, overlap)
+    data = await _body(request, sandbox)
     request["client_id"] = client_id
-    body = {
-        **sandbox.state.app(client_id).to_json(sandbox.clock.time()),
-        "client_secret": value.reveal(),
-        "secret_id": record.secret_id,
-    }
-    return json_response(body, 201, NO_STORE)
+    return json_response(actions.rotate_client_secret(sandbox, client_id, data), 201, NO_STORE)
 
 
 @guarded
 async def revoke_client_secret(request: web.Request, sandbox: Sandbox) -> web.Response:
     client_id, secret_id = request.match_info["client_id"], request.match_info["secret_id"]
-    record = sandbox.state.revoke_client_secret(client_id, secret_id)
-    return json_response(record.to_json(sandbox.clock.time()))
+    return json_response(actions.revoke_client_secret(sandbox, client_id, secret_id))
 
 
 # -- tokens, usage, settings, faults ------------------------------------------------------------
@@ -287,6 +237,7 @@ def add_routes(app: web.Application) -> None:
         ("POST", "/admin/oauth-apps", create_oauth_app),
         ("GET", "/admin/oauth-apps", list_oauth_apps),
         ("GET", "/admin/oauth-apps/{client_id}", get_oauth_app),
+        ("DELETE", "/admin/oauth-apps/{client_id}", delete_oauth_app),
         ("POST", "/admin/oauth-apps/{client_id}/rotate-secret", rotate_client_secret),
         ("DELETE", "/admin/oauth-apps/{client_id}/secrets/{secret_id}", revoke_client_secret),
         ("GET", "/admin/tokens", list_tokens),

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from keyturn.logs import get_logger
-from keyturn_devkit.sandbox import admin, oauth
+from keyturn_devkit.sandbox import admin, dashboard, oauth
 from keyturn_devkit.sandbox.config import ENDPOINTS
 from keyturn_devkit.sandbox.context import SANDBOX, Sandbox
 from keyturn_devkit.sandbox.faults import Fault
@@ -140,4 +140,5 @@ def create_app(sandbox: Sandbox) -> web.Application:
     )
     app.router.add_get("/healthz", healthz, name="healthz", allow_head=False)
     admin.add_routes(app)
+    dashboard.add_routes(app, sandbox.clock)
     return app

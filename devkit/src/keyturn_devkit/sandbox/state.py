@@ -143,6 +143,18 @@ class SandboxState:
                 old.expires_at = until
         return self._add_secret(app)
 
+    def delete_app(self, client_id: str) -> OAuthApp:
+        """Forget an application: its secrets are revoked and so is every grant it holds."""
+        app = self.app(client_id)
+        now = self.clock.time()
+        for token in self.tokens(client_id):
+            self._revoke_family(token.family, "application deleted")
+        for record in app.secrets:
+            if record.revoked_at is None:
+                record.revoked_at = now
+        del self._apps[client_id]
+        return app
+
     def revoke_client_secret(self, client_id: str, secret_id: str) -> ClientSecret:
         for record in self.app(client_id).secrets:
             if record.secret_id == secret_id:
