@@ -114,6 +114,7 @@ class World:
         self.server = Registration()
         self.proven: list[str] = []
         self.refuse_proof = False
+        self.environ = {"RAT": "rat-0"}
 
     async def prove(
         self,
@@ -152,7 +153,7 @@ class World:
             clock=self.clock,
             rng=random.Random(2),
             instance_id="i-1",
-            environ={"RAT": "rat-0"},
+            environ=self.environ,
         )
         return make_job(self.prove, registrar_for)(credential, client, None, _NoInputs(), deps)
 
@@ -691,3 +692,23 @@ def test_check_resolves_the_registration_token_and_covers_the_jwks_path() -> Non
         parse_reference("vault:secret/keyturn/inputs/k#rat"),
     ) in vault_references(config)
     assert required_capabilities(config)["secret/data/keyturn/inputs/k"] == {"read"}
+
+
+async def test_a_new_value_of_the_token_input_resumes_after_a_refusal() -> None:
+    """After a refusal the input is read again each run (no request), and a value that differs
+    from the one last used is taken: the rotation resumes."""
+    world = World()
+    world.server.refuse_all = True
+    job = world.job()
+    await job.run()
+    assert world.server.presented == ["rat-0"]
+    world.server.refuse_all = False
+    world.clock.advance(3600)
+    await job.run()  # the input still holds the refused token: not presented again
+    assert world.server.presented == ["rat-0"]
+    world.environ["RAT"] = world.server.token = "rat-from-the-admin"
+    world.clock.advance(3600)
+    await world.run_until_idle(job)
+    assert world.server.presented[:2] == ["rat-0", "rat-from-the-admin"]
+    state = await world.state()
+    assert state.rotation.phase == "idle" and world.server.kids() == [state.rotation.key_id]

@@ -162,8 +162,6 @@ class Rfc7592:
         held = record.read(journal.state, self._credential)
         if held.in_flight is not None:  # a crash while it was presented
             await self._stop(journal, held, "lost")
-        if held.stopped is not None:
-            raise self._stopped(held.stopped)
         token, held = await self._token(journal, held)
         attempt = uuid.uuid4().hex[:12]
         await journal.save(record.write(journal.state, held.with_(in_flight=attempt)))
@@ -233,15 +231,17 @@ class Rfc7592:
         self, journal: Journal, held: record.Registration
     ) -> tuple[Secret, record.Registration]:
         """The token to present: the one held, or the `access_token` input once (read again
-        only while keyturn holds none, and used only if it changed since it was last used)."""
-        if held.access_token is not None:
+        only while keyturn holds none, and used only if it changed since it was last used);
+        without either, RegistrationStopped and no request."""
+        if held.access_token is not None and held.stopped is None:
             return held.access_token, held
         ref = self._config.access_token
         seed = await self._resolver.resolve(ref) if ref is not None else None
         used = held.input_fingerprint
         if seed is None or (used is not None and fingerprint_matches(used, seed)):
             raise self._stopped(
-                "keyturn holds no registration access token: hand one over with "
+                held.stopped
+                or "keyturn holds no registration access token: hand one over with "
                 f"`keyturn import-signing-key {self._credential}` (or set "
                 "registration.access_token to a new one)"
             )
