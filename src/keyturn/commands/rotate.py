@@ -58,5 +58,13 @@ def report(name: str, outcome: Outcome, command: str) -> int:
             file=sys.stderr,
         )
         return 1
+    if outcome.action == "waiting" and outcome.error is None and rotation.phase == "pending":
+        print(
+            f"keyturn {command}: {name}: the new key {rotation.pending_key_id or ''} waits until "
+            f"{rfc3339(outcome.next_due)} before it is used; the daemon, or this command run "
+            "again then, goes on",
+            file=sys.stderr,
+        )
+        return 1
     print(f"keyturn {command}: {outcome.error or outcome.action}", file=sys.stderr)
     return 1
