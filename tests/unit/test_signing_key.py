@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from keyturn.clock import FakeClock
 from keyturn.commands.check import required_capabilities, vault_references
 from keyturn.commands.import_signing_key import parse
+from keyturn.commands.rotate import report
 from keyturn.config import ProviderConfig, RotationPolicy, parse_config
 from keyturn.config.credentials import (
     JwksRegistration,
@@ -26,7 +27,7 @@ from keyturn.config.credentials import (
 )
 from keyturn.errors import ConfigError, KeyMaterialError, ProviderUnavailable, VerificationFailed
 from keyturn.events import Suspicious
-from keyturn.jobs.job import CredentialJob, JobDeps, Journal
+from keyturn.jobs.job import CredentialJob, JobDeps, Journal, Outcome
 from keyturn.jobs.rotation import KeyRotation
 from keyturn.kinds.signing_key import (
     accept,
@@ -44,7 +45,7 @@ from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef, parse_reference
 from keyturn.rotators.base import RotationRequest
 from keyturn.secret import Secret
-from keyturn.state import CredentialState
+from keyturn.state import CredentialState, RotationJournal
 from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
 
@@ -712,3 +713,13 @@ async def test_a_new_value_of_the_token_input_resumes_after_a_refusal() -> None:
     assert world.server.presented[:2] == ["rat-0", "rat-from-the-admin"]
     state = await world.state()
     assert state.rotation.phase == "idle" and world.server.kids() == [state.rotation.key_id]
+
+
+def test_rotate_says_until_when_a_new_key_waits(capsys: pytest.CaptureFixture[str]) -> None:
+    pending = CredentialState(
+        rotation=RotationJournal(phase="pending", pending_key_id="kid-2", pending_key=Secret("k"))
+    )
+    waiting = Outcome("waiting", 1_800_000_060.0, pending)
+    assert report("billing-key", waiting, "rotate") == 1
+    line = capsys.readouterr().err
+    assert "billing-key: the new key kid-2 waits until 2027-01-15T08:01:00Z" in line
