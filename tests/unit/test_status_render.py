@@ -92,6 +92,8 @@ JSON_FIELDS = {
     "consumers",
     # false while the published token went out without its probe's answer
     "verified",
+    # when the refresh token held stops working at the latest (a person consents again)
+    "refresh_token_ends_at",
 }
 
 

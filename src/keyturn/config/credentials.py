@@ -54,6 +54,7 @@ from keyturn.config.fields import (
     table,
     text,
 )
+from keyturn.config.token_params import AUDIENCE, RESOURCE, TOKEN_PARAMS
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
@@ -272,6 +273,10 @@ class CredentialConfig(Table):
     scope: str | None = None
     refresh_token: SecretRef | None = None
     refresh: RefreshPolicy = dataclasses.field(default_factory=RefreshPolicy)
+    # What the token request carries besides the grant (keyturn.config.token_params).
+    audience: str | None = None
+    resource: tuple[str, ...] = ()
+    token_params: tuple[tuple[str, SecretRef], ...] = ()
     publish_to: Annotated[
         str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
     ]
@@ -335,6 +340,9 @@ class OAuthClientCredential(CredentialConfig):
     ] = dataclasses.field(default_factory=RefreshPolicy)
     initial_key: Annotated[None, _NOT_OAUTH] = None
     initial_key_id: Annotated[None, _NOT_OAUTH] = None
+    audience: Annotated[str | None, AUDIENCE] = None
+    resource: Annotated[tuple[str, ...], RESOURCE] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], TOKEN_PARAMS] = ()
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.rotation is not None and self.rotation.wait_for_consumers:
@@ -370,6 +378,9 @@ class ApiKeyCredential(CredentialConfig):
     refresh: Annotated[RefreshPolicy, _NOT_API_KEY] = dataclasses.field(
         default_factory=RefreshPolicy
     )
+    audience: Annotated[None, _NOT_API_KEY] = None
+    resource: Annotated[tuple[str, ...], _NOT_API_KEY] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_API_KEY] = ()
     probe: Annotated[str, HTTP_PATH]
     rotation: Annotated[
         RotationPolicy,

@@ -317,7 +317,9 @@ class MetricsTable(Table):
 class ProviderConfig(Table):
     """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
     slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
-    default_lifetime: seconds, when a token response has no expires_in."""
+    default_lifetime: seconds, when a token response has no expires_in.
+    refresh_token_max_lifetime: the absolute lifetime of a refresh-token family, from the
+    grant or consent that began it (None: the provider sets none, or keyturn is not told)."""
 
     name: Annotated[str, ENTRY_NAME]
     base_url: Annotated[str, URL]
@@ -332,6 +334,7 @@ class ProviderConfig(Table):
         float | None, number(f"a number of requests per second {RATE}", gt=0, le=1e4)
     ] = None
     default_lifetime: Annotated[float, LIFETIME] = 3600.0
+    refresh_token_max_lifetime: Annotated[float | None, LIFETIME] = None
     max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
 
     @property

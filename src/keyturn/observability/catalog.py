@@ -71,6 +71,12 @@ ROTATE_AFTER = _gauge(
     "when the current key or client secret is due for rotation (only with `rotation`)",
     CREDENTIAL_LABELS,
 )
+REFRESH_TOKEN_EXPIRY = _gauge(
+    "keyturn_refresh_token_expiry_timestamp_seconds",
+    "when the refresh token keyturn holds stops working at the latest: its `refresh_expires_in` "
+    "or its family's `refresh_token_max_lifetime`, whichever ends first (only when known)",
+    CREDENTIAL_LABELS,
+)
 
 # -- counters --------------------------------------------------------------------------------------
 TOKEN_REQUESTS = _counter(

@@ -18,12 +18,13 @@ import httpx
 
 from keyturn.clock import Clock
 from keyturn.config import ProviderConfig
-from keyturn.errors import MalformedResponse
+from keyturn.errors import MalformedResponse, OAuthError
 from keyturn.providers.http import (
     ProviderHttp,
     raise_if_transient,
     send_bounded,
 )
+from keyturn.providers.params import NO_PARAMS, TokenParams
 from keyturn.providers.recovery import Recovery
 from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_token_response
 from keyturn.ratelimit import TokenBucket
@@ -82,15 +83,18 @@ class ProviderClient:
         client_secret: Secret,
         refresh_token: Secret | None = None,
         scope: str | None = None,
+        params: TokenParams = NO_PARAMS,
     ) -> TokenResponse:
-        """POST the token endpoint; returns a parsed success or raises a ProviderError."""
-        fields: dict[str, str] = {"grant_type": grant_type}
+        """POST the token endpoint; returns a parsed success or raises a ProviderError (an
+        error about the credential's own `params` names them: `TokenParams.blame`)."""
+        fields: dict[str, str | list[str]] = {"grant_type": grant_type}
         if grant_type == "refresh_token":
             if refresh_token is None:
                 raise ValueError("a refresh_token grant needs a refresh token")
             fields["refresh_token"] = refresh_token.reveal()
         if scope:
             fields["scope"] = scope
+        params.add_to(fields, self.provider.token_request)
         headers = self._client_auth(fields, client_id, client_secret)
         path = self.provider.token_path
         if self.provider.token_request == "json":
@@ -102,9 +106,11 @@ class ProviderClient:
         )
         if 200 <= status < 300:
             return parse_token_response(body, credential)
-        self._raise_for(
-            path, status, response_headers, body, credential, (client_secret, refresh_token)
-        )
+        sent = (client_secret, refresh_token, *params.secrets())
+        try:
+            self._raise_for(path, status, response_headers, body, credential, sent)
+        except OAuthError as error:
+            raise params.blame(error) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def revoke_token(
@@ -127,7 +133,10 @@ class ProviderClient:
         path = self.provider.revoke_path
         if path is None:
             return False
-        fields = {"token": token.reveal(), "token_type_hint": token_type_hint}
+        fields: dict[str, str | list[str]] = {
+            "token": token.reveal(),
+            "token_type_hint": token_type_hint,
+        }
         headers = self._client_auth(fields, client_id, client_secret)
         request = self._build(credential, "POST", path, data=fields, headers=headers)
         status, response_headers, body = await self._send(request, credential, track_sending=False)
@@ -165,7 +174,7 @@ class ProviderClient:
         return status
 
     def _client_auth(
-        self, fields: dict[str, str], client_id: str, client_secret: Secret
+        self, fields: dict[str, str | list[str]], client_id: str, client_secret: Secret
     ) -> dict[str, str]:
         """RFC 6749 §2.3.1 as configured: Basic, or client_id/client_secret added to `fields`."""
         headers: dict[str, str] = {"Cache-Control": "no-store"}
@@ -182,8 +191,8 @@ class ProviderClient:
         method: str,
         path: str,
         *,
-        json: dict[str, str] | None = None,
-        data: dict[str, str] | None = None,
+        json: dict[str, str | list[str]] | None = None,
+        data: dict[str, str | list[str]] | None = None,
         headers: dict[str, str],
     ) -> httpx.Request:
         try:
