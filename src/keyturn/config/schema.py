@@ -38,6 +38,12 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, model_validator
 
 from keyturn.alerts.model import DETECTORS
+from keyturn.config.credential_auth import (
+    AUTH,
+    CredentialAuth,
+    auth_loops,
+    unknown_credential,
+)
 from keyturn.config.credentials import (
     DEFAULT_MAX_GRACE,
     KV_PATH,
@@ -419,12 +425,13 @@ class HttpFind(Table):
 @table(kw_only=True)
 class HttpRotatorConfig(Table):
     """`type = "http"`: a provider's key-management API, through the `[[providers]]` entry
-    `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header)."""
+    `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header); a
+    reference, or another credential's published token (`CredentialAuth`, read at each call)."""
 
     name: Annotated[str, ENTRY_NAME]
     type: Literal["http"] = "http"
     provider: Annotated[str, NAME, PROVIDER]
-    auth: Annotated[SecretRef | None, secret_reference('auth = "env:SANDBOX_ADMIN_TOKEN"')] = None
+    auth: Annotated[SecretRef | CredentialAuth | None, AUTH] = None
     auth_scheme: Annotated[
         str,
         text(
@@ -446,6 +453,11 @@ class HttpRotatorConfig(Table):
     find: Annotated[
         HttpFind | None, described('a table, e.g. find = { path = "/keys", items = "/keys", ... }')
     ] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        unknown = unknown_credential(self.auth, context.credentials)
+        if unknown is not None:
+            yield "auth", unknown
 
 
 @table()
@@ -706,7 +718,7 @@ class Config:
         context = context_of(info)
         if context is not None:
             object.__setattr__(self, "source", Path(context.source))
-            found = list(self._needs_usage())
+            found = [*self._needs_usage(), *auth_loops(self.credentials, self.rotators)]
             if found:
                 raise report(found)
         return self

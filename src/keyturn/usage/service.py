@@ -16,6 +16,7 @@ from keyturn.config import Config, HttpRotatorConfig
 from keyturn.config.schema import UsageSettings
 from keyturn.events import Observer
 from keyturn.jobs.job import ConsumerHooks, ConsumersOnOld
+from keyturn.references import SecretRef
 from keyturn.usage.audit import AuditParser, Identity
 from keyturn.usage.detectors import DetectorSettings, source_down_alerts
 from keyturn.usage.layout import Layout, Watched
@@ -41,7 +42,7 @@ def layout_of(config: Config) -> Layout:
                 inputs.append((credential.name, ref.mount, ref.path))
         rotator = config.rotator_of(credential)
         auth = rotator.auth if isinstance(rotator, HttpRotatorConfig) else None
-        if auth is not None and auth.scheme == "vault":
+        if isinstance(auth, SecretRef) and auth.scheme == "vault":
             inputs.append((credential.name, auth.mount, auth.path))
     return Layout(
         (Watched(c.name, c.provider, c.publish_to, c.consumers) for c in config.credentials),
