@@ -73,6 +73,10 @@ class Settings:
     jwt_access_tokens: bool = False
     include_refresh_expires_in: bool = False
     refresh_token_family_lifetime: int | None = None
+    # An access token carrying this scope may call the admin API as the admin token does (as
+    # a Keycloak client with realm-management roles may manage other clients). None: only the
+    # admin token.
+    admin_scope: str | None = None
     rate_limits: Mapping[str, RateLimit] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_json(self) -> dict[str, Any]:
@@ -163,9 +167,10 @@ _CHECKS: Mapping[str, _Checker] = MappingProxyType(
         "jwt_access_tokens": check_bool,
         "include_refresh_expires_in": check_bool,
         "refresh_token_family_lifetime": lambda p, k, v: check_int(p, k, v, 1, 10 * _YEAR),
+        "admin_scope": check_scope,
     }
 )
-_NULLABLE = frozenset({"scope_override", "refresh_token_family_lifetime"})
+_NULLABLE = frozenset({"scope_override", "refresh_token_family_lifetime", "admin_scope"})
 
 
 def _rate_limits(
