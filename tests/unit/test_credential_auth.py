@@ -117,10 +117,16 @@ CONFIG = parse_config(
 REQUEST = RotationRequest("billing", "oauth_client", "r1", "keyturn-billing-r1", "billing-app")
 
 
-async def built(store: FakeVaultStore, seen: list[httpx.Request]) -> HttpRotator:
+async def built(
+    store: FakeVaultStore,
+    seen: list[httpx.Request],
+    answer: httpx.Response | None = None,
+) -> HttpRotator:
+    created = httpx.Response(201, json={"value": "new-secret-value", "id": "s1"})
+
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(201, json={"value": "new-secret-value", "id": "s1"})
+        return answer or created
 
     made = await build_rotator(
         CONFIG.rotators["kc-secrets"],
@@ -166,17 +172,7 @@ async def test_a_refusal_echoing_the_token_does_not_show_it() -> None:
     store = FakeVaultStore()
     await store.write("apps/kc-admin/kc", {"access_token": "tok"}, cas=None)
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(400, json={"error": "tok"})
-
-    made = await build_rotator(
-        CONFIG.rotators["kc-secrets"],
-        providers=CONFIG.providers,
-        resolver=ReferenceResolver({}, store),
-        clock=FakeClock(),
-        transport=httpx.MockTransport(handle),
-        published=lambda name: published_value(CONFIG, name),
-    )
+    made = await built(store, [], httpx.Response(400, json={"error": "tok"}))
     with pytest.raises(RotationError) as caught:
         await made.create(REQUEST)
     assert str(caught.value).endswith("create: unexpected HTTP 400")
