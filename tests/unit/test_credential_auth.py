@@ -177,3 +177,10 @@ async def test_a_refusal_echoing_the_token_does_not_show_it() -> None:
         await made.create(REQUEST)
     assert str(caught.value).endswith("create: unexpected HTTP 400")
     await made.aclose()
+
+
+def test_the_environment_sets_a_credential_auth() -> None:
+    text = rotator("kc-secrets", "env:ADMIN") + credential("kc-admin")
+    environ = {"KEYTURN_ROTATORS_KC_SECRETS_AUTH": "credential:kc-admin"}
+    config = parse_config(VAULT + PROVIDER + text, "k.toml", environ)
+    assert config.rotators["kc-secrets"].auth == CredentialAuth("kc-admin")  # type: ignore[union-attr]
