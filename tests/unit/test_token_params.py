@@ -457,3 +457,16 @@ async def test_the_provider_lifetime_ends_the_family_and_status_shows_it() -> No
     header, line = render_table([row], world.clock.time()).splitlines()
     assert "REFRESH TOKEN ENDS" in header
     assert "in 29d" in line
+
+
+async def test_a_restart_reports_the_family_end_from_the_record() -> None:
+    world = World(refresh_expires_in=int(10 * DAY))
+    started = world.clock.time()
+    await world.job().run()  # type: ignore[attr-defined]
+    world.observer.events.clear()
+    requests = len(world.server.bodies)
+    world.clock.advance(10)
+    outcome = await world.job().run()  # type: ignore[attr-defined]  # a new process
+    assert outcome.action != "refreshed" and len(world.server.bodies) == requests
+    ends = [e.ends_at for e in world.observer.events if isinstance(e, RefreshTokenPlanned)]
+    assert ends == [started + 10 * DAY]
