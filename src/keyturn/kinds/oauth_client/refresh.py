@@ -179,6 +179,13 @@ def _joined(audience: tuple[str, ...] | None) -> str | None:
     return " ".join(sorted(audience)) if audience else None
 
 
+def _shown(audience: tuple[str, ...]) -> str:
+    """A server's `aud` values for a message: a few, each cut short (the server chose them)."""
+    values = [value if len(value) <= 100 else value[:97] + "..." for value in sorted(audience)]
+    more = f" and {len(values) - 5} more" if len(values) > 5 else ""
+    return f"{values[:5]}{more}"
+
+
 def _family(
     held: RefreshTokenRecord, token: TokenResponse, requested_at: float, refreshed: bool
 ) -> RefreshTokenRecord:
@@ -604,12 +611,12 @@ class TokenRefresh:
         granted = token_audience(token.access_token)
         if granted is None:
             return []
-        asked = self.credential.audience
+        asked, shown = self.credential.audience, _shown(granted)
         if asked is not None and asked not in granted:
-            return [f"aud {sorted(granted)} does not include the audience asked for ({asked!r})"]
+            return [f"aud {shown} does not include the audience asked for ({asked!r})"]
         previous = state.token.audience
         if previous is not None and previous != _joined(granted):
-            return [f"aud {sorted(granted)} differs from the previous token's ({previous!r})"]
+            return [f"aud {shown} differs from the previous token's ({previous[:200]!r})"]
         return []
 
     def defers_lease(self, state: CredentialState) -> bool:
