@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from keyturn.clock import FakeClock, rfc3339
+from keyturn.commands.check import _check_references, vault_references
 from keyturn.commands.status import render_table, status_rows
 from keyturn.config import CredentialConfig, ProviderConfig, parse_config
 from keyturn.errors import ConfigError, OAuthError, SecretReferenceError
@@ -470,3 +471,23 @@ async def test_a_restart_reports_the_family_end_from_the_record() -> None:
     assert outcome.action != "refreshed" and len(world.server.bodies) == requests
     ends = [e.ends_at for e in world.observer.events if isinstance(e, RefreshTokenPlanned)]
     assert ends == [started + 10 * DAY]
+
+
+async def test_check_resolves_the_parameter_references() -> None:
+    tenant = "vault:secret/keyturn/inputs/billing#tenant"
+    config = parse_config(
+        CONFIG + f'token_params = {{ organization = "org_1", tenant = "{tenant}" }}\n',
+        "k.toml",
+        {},
+    )
+    assert vault_references(config) == [
+        (
+            "credentials['billing'].token_params.tenant",
+            SecretRef.vault("secret", "keyturn/inputs/billing", "tenant"),
+        )
+    ]
+    found = await _check_references(config, FakeVaultStore(), skip=set())
+    assert [line for line in found if "token_params" in line] == [
+        f"credentials['billing'].token_params.tenant: {tenant}: no secret at "
+        "secret/keyturn/inputs/billing"
+    ], found
