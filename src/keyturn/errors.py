@@ -33,6 +33,16 @@ class SecretReferenceError(KeyturnError):
     """A secret reference could not be resolved (missing env var, file, Vault field)."""
 
 
+class KeyMaterialError(KeyturnError):
+    """A private key or certificate keyturn was given cannot be used (unparseable, the wrong
+    type for its algorithm, too short, expired); `field` names it. Never retryable: an operator
+    must replace it. The message never quotes the material."""
+
+    def __init__(self, message: str, *, field: str, credential: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}", credential=credential)
+
+
 class VaultError(KeyturnError):
     """Vault refused or failed an operation."""
 
