@@ -59,6 +59,17 @@ from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
 CredentialKind = Literal["oauth_client", "api_key"]
+# How an oauth_client proves itself at the token endpoint: its client secret (as the
+# provider's `client_auth` says, body or basic), a signed assertion (RFC 7523 §2.2) or a
+# client certificate (RFC 8705).
+CredentialClientAuth = Literal[
+    "client_secret", "private_key_jwt", "tls_client_auth", "self_signed_tls_client_auth"
+]
+KEYLESS = ("private_key_jwt", "tls_client_auth", "self_signed_tls_client_auth")
+# How an oauth_client gets a token when it has no refresh token: client credentials, or the
+# JWT bearer grant (RFC 7523 §2.1) with an assertion it signs.
+CredentialGrant = Literal["client_credentials", "jwt_bearer"]
+AssertionAlg = Literal["RS256", "PS256", "ES256", "EdDSA"]
 SinkFormat = Literal["raw", "json", "env"]
 
 # How long after a new key is published its predecessor lives at most while keyturn waits for
@@ -298,6 +309,22 @@ class CredentialConfig(Table):
         ),
     ] = ()
     consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
+    client_auth: CredentialClientAuth = "client_secret"
+    client_key: SecretRef | None = None
+    client_key_alg: AssertionAlg | None = None
+    client_key_id: str | None = None
+    client_certificate: SecretRef | None = None
+    grant: CredentialGrant = "client_credentials"
+    service_account: SecretRef | None = None
+    assertion_subject: str | None = None
+    assertion_audience: str | None = None
+
+    @property
+    def keyless(self) -> bool:
+        """Whether the client proves itself without a client secret."""
+        return self.client_auth in KEYLESS or (
+            self.grant == "jwt_bearer" and self.client_secret is None
+        )
 
     def _rotator_in(self, context: LoadContext) -> tuple[str, str | None, bool] | None:
         """The rotator `rotation` names, as the file declares it: its name, its type and
@@ -327,10 +354,32 @@ class OAuthClientCredential(CredentialConfig):
     kind: Literal["oauth_client"] = "oauth_client"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
     client_secret: Annotated[
-        SecretRef,
+        SecretRef | None,
         secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
-    ]
+    ] = None
     scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
+    client_auth: CredentialClientAuth = "client_secret"
+    client_key: Annotated[
+        SecretRef | None,
+        secret_reference('client_key = "vault:secret/keyturn/inputs/<name>#private_key"'),
+    ] = None
+    client_key_alg: AssertionAlg | None = None
+    client_key_id: Annotated[str | None, text('the key\'s id at the provider (JWS "kid")')] = None
+    client_certificate: Annotated[
+        SecretRef | None,
+        secret_reference('client_certificate = "file:/etc/keyturn/<name>.crt"'),
+    ] = None
+    grant: CredentialGrant = "client_credentials"
+    service_account: Annotated[
+        SecretRef | None,
+        secret_reference('service_account = "file:/etc/keyturn/<name>-sa.json"'),
+    ] = None
+    assertion_subject: Annotated[
+        str | None, text('the assertion\'s "sub", e.g. "alice@example.com"')
+    ] = None
+    assertion_audience: Annotated[
+        str | None, text('the assertion\'s "aud", e.g. "https://oauth2.googleapis.com/token"')
+    ] = None
     refresh_token: Annotated[
         SecretRef | None,
         secret_reference('refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'),
@@ -345,6 +394,7 @@ class OAuthClientCredential(CredentialConfig):
     token_params: Annotated[tuple[tuple[str, SecretRef], ...], TOKEN_PARAMS] = ()
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        yield from self._client_auth_problems()
         if self.rotation is not None and self.rotation.wait_for_consumers:
             message = (
                 "is true for an oauth_client, whose client secret is never published, so no "
@@ -358,6 +408,35 @@ class OAuthClientCredential(CredentialConfig):
                 'secret; expected an "http" or "exec" rotator'
             )
             yield ("rotation", "rotator"), message
+
+
+    def _client_auth_problems(self) -> Iterator[tuple[Where, str]]:
+        """Which keys each way of authenticating needs, and which it refuses."""
+        method = self.client_auth
+        bearer = self.grant == "jwt_bearer"
+        if method == "client_secret" and self.client_secret is None and not bearer:
+            yield "client_secret", "is missing; expected a reference (or another client_auth)"
+        if method in KEYLESS and self.client_secret is not None:
+            message = f'is set with client_auth = "{method}", which sends no client secret; '
+            yield "client_secret", message + "expected no client_secret"
+        if method in KEYLESS and self.client_key is None:
+            yield "client_key", f'is missing; client_auth = "{method}" needs the private key'
+        if method in KEYLESS[1:] and self.client_certificate is None:
+            message = f'is missing; client_auth = "{method}" needs the client certificate'
+            yield "client_certificate", message
+        if bearer and (self.client_key is None) == (self.service_account is None):
+            message = "expected exactly one of client_key and service_account to sign the assertion"
+            yield "grant", f'is "jwt_bearer": {message}'
+        if not bearer:
+            for name in ("service_account", "assertion_subject", "assertion_audience"):
+                if getattr(self, name) is not None:
+                    yield name, 'is set without grant = "jwt_bearer"; expected it only with it'
+        if self.rotation is not None and self.keyless:
+            message = (
+                "rotates a client secret, which this credential does not use; expected no "
+                "rotation with a key or certificate (rotate those at their source)"
+            )
+            yield "rotation", message
 
 
 _NOT_API_KEY = _only_for(
@@ -393,6 +472,15 @@ class ApiKeyCredential(CredentialConfig):
     initial_key_id: Annotated[
         str | None, text('the provider\'s id of initial_key, e.g. "key_0123"')
     ] = None
+    client_auth: Annotated[CredentialClientAuth, _NOT_API_KEY] = "client_secret"
+    client_key: Annotated[None, _NOT_API_KEY] = None
+    client_key_alg: Annotated[None, _NOT_API_KEY] = None
+    client_key_id: Annotated[None, _NOT_API_KEY] = None
+    client_certificate: Annotated[None, _NOT_API_KEY] = None
+    grant: Annotated[CredentialGrant, _NOT_API_KEY] = "client_credentials"
+    service_account: Annotated[None, _NOT_API_KEY] = None
+    assertion_subject: Annotated[None, _NOT_API_KEY] = None
+    assertion_audience: Annotated[None, _NOT_API_KEY] = None
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.initial_key_id is not None and self.initial_key is None:

@@ -129,6 +129,9 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 ExternalChangeResponse = Literal["republish", "alert"]
 TokenRequest = Literal["json", "form"]
 ClientAuth = Literal["body", "basic"]
+# The `aud` of a private_key_jwt client assertion: the token endpoint's URL (RFC 7523 §3) or
+# the issuer identifier (OpenID Connect Core §9 allows either; some servers take only one).
+AssertionAudience = Literal["token_endpoint", "issuer"]
 RotatorType = Literal["http", "exec", "manual"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
@@ -342,10 +345,19 @@ class ProviderConfig(Table):
     default_lifetime: Annotated[float, LIFETIME] = 3600.0
     refresh_token_max_lifetime: Annotated[float | None, LIFETIME] = None
     max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
+    client_assertion_audience: AssertionAudience = "token_endpoint"
+    issuer: Annotated[str | None, URL] = None
 
     @property
     def token_url(self) -> str:
         return self.base_url + self.token_path
+
+    @property
+    def assertion_audience(self) -> str:
+        """The `aud` of a client assertion sent to this provider."""
+        if self.client_assertion_audience == "issuer" and self.issuer is not None:
+            return self.issuer
+        return self.token_url
 
     @property
     def revoke_url(self) -> str | None:
@@ -354,6 +366,9 @@ class ProviderConfig(Table):
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         allow = self.allow_insecure_http
         yield from transport("base_url", self.base_url, allow, loopback_needs_flag=True)
+        if self.client_assertion_audience == "issuer" and self.issuer is None:
+            message = 'is "issuer" but issuer is not set; expected issuer = "<the issuer URL>"'
+            yield "client_assertion_audience", message
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from keyturn.clock import Clock, SystemClock
 from keyturn.config import Config, CredentialConfig
 from keyturn.errors import SecretReferenceError
 from keyturn.jobs.job import LEASE_SLACK, CredentialJob, lease_seconds
-from keyturn.providers.client import ProviderClient
+from keyturn.providers.client import ClientSecret, ProviderClient
+from keyturn.providers.client_auth import resolve_keyless
 from keyturn.references import ReferenceResolver
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 
 __all__ = ["LEASE_SLACK", "CredentialInputs", "JobSet", "lease_seconds"]
+
 
 class CredentialInputs:
     """One credential's inputs, resolved from their references when a task asks.
@@ -30,14 +33,25 @@ class CredentialInputs:
     they are asked for (rarely).
     """
 
-    def __init__(self, credential: CredentialConfig, resolver: ReferenceResolver) -> None:
+    def __init__(
+        self,
+        credential: CredentialConfig,
+        resolver: ReferenceResolver,
+        clock: Clock | None = None,
+    ) -> None:
         self._credential = credential
         self._resolver = resolver
-        self._client: tuple[str, Secret] | None = None
+        self._clock = clock or SystemClock()
+        self._client: tuple[str, ClientSecret] | None = None
 
-    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
+    async def client(self, *, fresh: bool = False) -> tuple[str, ClientSecret]:
         if fresh or self._client is None:
             credential = self._credential
+            if credential.client_id is not None and credential.keyless:
+                self._client = await resolve_keyless(
+                    credential, self._resolver.resolve_all, self._clock.time()
+                )
+                return self._client
             if credential.client_id is None or credential.client_secret is None:
                 raise SecretReferenceError(
                     f"{credential.name}: an {credential.kind} has no client inputs"

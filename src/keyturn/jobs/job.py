@@ -39,6 +39,7 @@ from keyturn.events import Failed, Observer, Restored, Scheduled
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.policy import retry_delay, token_left
+from keyturn.providers.client import ClientSecret
 from keyturn.references import ReferenceResolver
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, LeaseRecord
@@ -379,8 +380,9 @@ class Inputs(Protocol):
     """One credential's configured inputs, resolved when a task asks (implemented by
     `keyturn.jobs.build.CredentialInputs`; tests pass fakes)."""
 
-    async def client(self, *, fresh: bool = False) -> tuple[str, Secret]:
-        """(client_id, client_secret); `fresh=True` reads them again at their source."""
+    async def client(self, *, fresh: bool = False) -> tuple[str, ClientSecret]:
+        """(client_id, client_secret or the key that replaces it); `fresh=True` reads them
+        again at their source."""
 
     async def refresh_token(self) -> Secret | None:
         """The `refresh_token` input (a starting refresh token), read afresh; None if none is

@@ -101,7 +101,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
                 credential,
                 built.clients[credential.provider],
                 built.rotators[credential.rotation.rotator] if credential.rotation else None,
-                CredentialInputs(credential, resolver),
+                CredentialInputs(credential, resolver, deps.clock),
                 deps,
             )
     except BaseException:

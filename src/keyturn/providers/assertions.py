@@ -85,7 +85,7 @@ def load_signing_key(
     credential: str,
     pem: Secret,
     *,
-    alg: Algorithm,
+    alg: Algorithm | None,
     kid: str | None = None,
     certificate: str | None = None,
     now: float | None = None,
@@ -94,8 +94,11 @@ def load_signing_key(
 ) -> SigningKey:
     """Parse and check `pem` for `alg` (its type, an RSA key's size); with a `certificate`
     (PEM), check that it holds this key's public half and is valid at `now`. `kid` defaults to
-    the key's RFC 7638 JWK thumbprint. Errors name `credential` and the field."""
+    the key's RFC 7638 JWK thumbprint; `alg` None: RS256, ES256 or EdDSA as the key's type
+    says. Errors name `credential` and the field."""
     key = _private_key(credential, pem, field)
+    if alg is None:
+        alg = _default_alg(key)
     problem = _mismatch(key, alg)
     if problem is not None:
         raise KeyMaterialError(
@@ -280,6 +283,14 @@ def _private_key(credential: str, pem: Secret, field: str) -> PrivateKey:
             credential=credential,
         )
     return key
+
+
+def _default_alg(key: PrivateKey) -> Algorithm:
+    if isinstance(key, rsa.RSAPrivateKey):
+        return "RS256"
+    if isinstance(key, ec.EllipticCurvePrivateKey):
+        return "ES256"
+    return "EdDSA"
 
 
 def _mismatch(key: PrivateKey, alg: Algorithm) -> str | None:

@@ -10,7 +10,10 @@ bound on the decoded bytes. Secrets are revealed only into the request being bui
 from __future__ import annotations
 
 import base64
+import contextlib
+import email.utils
 import re
+from collections.abc import Iterator
 from typing import Literal
 from urllib.parse import quote
 
@@ -18,7 +21,8 @@ import httpx
 
 from keyturn.clock import Clock
 from keyturn.config import ProviderConfig
-from keyturn.errors import MalformedResponse, OAuthError
+from keyturn.errors import MalformedResponse, OAuthError, ProviderError
+from keyturn.providers.client_auth import ClientKey, describe_refusal
 from keyturn.providers.http import (
     ProviderHttp,
     raise_if_transient,
@@ -31,12 +35,16 @@ from keyturn.ratelimit import TokenBucket
 from keyturn.secret import Secret
 
 GrantType = Literal["client_credentials", "refresh_token"]
+# What a client proves itself with: its client secret, or a key or certificate.
+ClientSecret = Secret | ClientKey
 TokenTypeHint = Literal["refresh_token", "access_token"]
 
 # What an HTTP header value may hold (RFC 9110 §5.5: visible ASCII, space and tab).
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 # The request could not be built from these values (never the provider's fault alone).
 _BUILD_ERRORS = (httpx.InvalidURL, UnicodeError, ValueError)
+# A server's Date this far from keyturn's clock explains a refused assertion (exp, iat).
+_SKEW_WORTH_SAYING = 30.0
 
 
 def basic_credentials(client_id: str, client_secret: Secret) -> str:
@@ -67,12 +75,17 @@ class ProviderClient:
             max_connections=provider.max_connections,
             transport=transport,
         )
+        self._transport = transport
+        # Mutual TLS: one pool per client certificate (RFC 8705), by its thumbprint.
+        self._mtls: dict[str, ProviderHttp] = {}
 
     def __repr__(self) -> str:
         return f"ProviderClient({self.provider.name!r}, {self.provider.base_url!r})"
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        for http in self._mtls.values():
+            await http.aclose()
 
     async def request_token(
         self,
@@ -80,13 +93,15 @@ class ProviderClient:
         *,
         grant_type: GrantType,
         client_id: str,
-        client_secret: Secret,
+        client_secret: ClientSecret,
         refresh_token: Secret | None = None,
         scope: str | None = None,
         params: TokenParams = NO_PARAMS,
     ) -> TokenResponse:
         """POST the token endpoint; returns a parsed success or raises a ProviderError (an
-        error about the credential's own `params` names them: `TokenParams.blame`)."""
+        error about the credential's own `params` names them: `TokenParams.blame`). A
+        `ClientKey` instead of a client secret authenticates without one (and may make a
+        client_credentials request a JWT bearer grant)."""
         fields: dict[str, str | list[str]] = {"grant_type": grant_type}
         if grant_type == "refresh_token":
             if refresh_token is None:
@@ -94,21 +109,27 @@ class ProviderClient:
             fields["refresh_token"] = refresh_token.reveal()
         if scope:
             fields["scope"] = scope
-        params.add_to(fields, self.provider.token_request)
-        headers = self._client_auth(fields, client_id, client_secret)
+        keyless = isinstance(client_secret, ClientKey)
+        params.add_to(fields, "form" if keyless else self.provider.token_request)
+        headers, sent = self._client_auth(fields, client_id, client_secret)
         path = self.provider.token_path
-        if self.provider.token_request == "json":
+        if self.provider.token_request == "json" and not keyless:
             request = self._build(credential, "POST", path, json=fields, headers=headers)
         else:
+            # RFC 7523 and RFC 8705 requests are form bodies (RFC 6749 §4.4.2).
             request = self._build(credential, "POST", path, data=fields, headers=headers)
         status, response_headers, body = await self._send(
-            request, credential, track_sending=grant_type == "refresh_token"
+            request,
+            credential,
+            track_sending=grant_type == "refresh_token",
+            client=client_secret,
         )
         if 200 <= status < 300:
             return parse_token_response(body, credential)
-        sent = (client_secret, refresh_token, *params.secrets())
+        secrets = (sent, refresh_token, *params.secrets())
         try:
-            self._raise_for(path, status, response_headers, body, credential, sent)
+            with self._keyless_refusal(client_secret, client_id, credential, response_headers):
+                self._raise_for(path, status, response_headers, body, credential, secrets)
         except OAuthError as error:
             raise params.blame(error) from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -120,7 +141,7 @@ class ProviderClient:
         token: Secret,
         token_type_hint: TokenTypeHint,
         client_id: str,
-        client_secret: Secret,
+        client_secret: ClientSecret,
     ) -> bool:
         """RFC 7009: ask the provider to revoke `token`; False if it has no revoke_path.
 
@@ -137,9 +158,11 @@ class ProviderClient:
             "token": token.reveal(),
             "token_type_hint": token_type_hint,
         }
-        headers = self._client_auth(fields, client_id, client_secret)
+        headers, sent = self._client_auth(fields, client_id, client_secret)
         request = self._build(credential, "POST", path, data=fields, headers=headers)
-        status, response_headers, body = await self._send(request, credential, track_sending=False)
+        status, response_headers, body = await self._send(
+            request, credential, track_sending=False, client=client_secret
+        )
         if 200 <= status < 300:
             return True
         self._raise_for(
@@ -148,7 +171,7 @@ class ProviderClient:
             response_headers,
             body,
             credential,
-            (client_secret, token),
+            (sent, token),
             endpoint="revocation endpoint",
         )
         raise AssertionError("unreachable")  # pragma: no cover
@@ -174,16 +197,75 @@ class ProviderClient:
         return status
 
     def _client_auth(
-        self, fields: dict[str, str | list[str]], client_id: str, client_secret: Secret
-    ) -> dict[str, str]:
-        """RFC 6749 §2.3.1 as configured: Basic, or client_id/client_secret added to `fields`."""
+        self, fields: dict[str, str | list[str]], client_id: str, client_secret: ClientSecret
+    ) -> tuple[dict[str, str], Secret | None]:
+        """RFC 6749 §2.3.1 as configured (Basic, or client_id/client_secret added to
+        `fields`), or a `ClientKey`'s way; the headers, and the secret sent (never echoed)."""
         headers: dict[str, str] = {"Cache-Control": "no-store"}
+        if isinstance(client_secret, ClientKey):
+            audience = self.provider.assertion_audience
+            sent = client_secret.fields_for(
+                fields, client_id, audience=audience, now=self._clock.time()
+            )
+            return headers, sent
         if self.provider.client_auth == "basic":
             headers["Authorization"] = basic_credentials(client_id, client_secret)
         else:
             fields["client_id"] = client_id
             fields["client_secret"] = client_secret.reveal()
-        return headers
+        return headers, client_secret
+
+    @contextlib.contextmanager
+    def _keyless_refusal(
+        self,
+        client: ClientSecret,
+        client_id: str,
+        credential: str,
+        headers: httpx.Headers,
+    ) -> Iterator[None]:
+        """A refusal of a key or certificate says what was sent (iss, aud, alg, kid) and, when
+        the server's Date is far from keyturn's clock, the skew; a bare 401/403 is taken as the
+        invalid_client it means, so that an operator is alerted."""
+        try:
+            yield
+        except ProviderError as error:
+            if not isinstance(client, ClientKey) or error.retryable:
+                raise
+            status = getattr(error, "status", None)
+            if isinstance(error, OAuthError):
+                code, said = error.error, error.description
+            elif isinstance(error, MalformedResponse) and status in (401, 403):
+                code, said = "invalid_client", f"HTTP {status} with no error body"
+            else:
+                raise
+            if code not in ("invalid_client", "unauthorized_client", "invalid_grant"):
+                raise
+            sent = describe_refusal(client, client_id, self.provider.assertion_audience)
+            detail = f"{said}; " if said else ""
+            raise OAuthError(
+                code,
+                credential=credential,
+                description=f"{detail}sent {sent}{self._skew(headers)}",
+                status=status,
+            ) from None
+
+    def _skew(self, headers: httpx.Headers) -> str:
+        """How far the server's clock (its Date header) is from keyturn's, if worth saying."""
+        date = headers.get("Date")
+        if not date:
+            return ""
+        try:
+            theirs = email.utils.parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return ""
+        skew = theirs - self._clock.time()
+        if abs(skew) < _SKEW_WORTH_SAYING:
+            return ""
+        way = "ahead of" if skew > 0 else "behind"
+        return (
+            f"; the server's clock is {abs(skew):.0f}s {way} keyturn's (its Date header): "
+            "the assertion's iat/exp look wrong to it, fix the clock (NTP)"
+        )
 
     def _build(
         self,
@@ -207,7 +289,12 @@ class ProviderClient:
             ) from None
 
     async def _send(
-        self, request: httpx.Request, credential: str, *, track_sending: bool
+        self,
+        request: httpx.Request,
+        credential: str,
+        *,
+        track_sending: bool,
+        client: ClientSecret | None = None,
     ) -> tuple[int, httpx.Headers, bytes]:
         """`track_sending`: whether a lost answer must be told from a request that never left
         (`ProviderUnavailable.answer_lost`): only a refresh token grant needs it (a refresh
@@ -219,7 +306,7 @@ class ProviderClient:
             return MalformedResponse(description, field="body", credential=credential)
 
         return await send_bounded(
-            self._http,
+            self._http_for(client),
             request,
             limit=self.provider.max_response_bytes,
             where=request.url.path,
@@ -228,6 +315,24 @@ class ProviderClient:
             deadline=self.provider.timeout,
             track_sending=track_sending,
         )
+
+    def _http_for(self, client: ClientSecret | None) -> ProviderHttp:
+        """The pool that presents `client`'s certificate (mutual TLS), or the provider's."""
+        tls = client.tls_context() if isinstance(client, ClientKey) else None
+        if tls is None or client is None or not isinstance(client, ClientKey):
+            return self._http
+        assert client.tls is not None
+        thumbprint = client.tls.thumbprint
+        if thumbprint not in self._mtls:
+            provider = self.provider
+            self._mtls[thumbprint] = ProviderHttp(
+                base_url=provider.base_url,
+                timeout=provider.timeout,
+                max_connections=min(provider.max_connections, 4),
+                transport=self._transport,
+                tls=tls,
+            )
+        return self._mtls[thumbprint]
 
     def _raise_for(
         self,

@@ -68,12 +68,13 @@ class ProviderHttp:
         timeout: float,
         max_connections: int,
         transport: httpx.AsyncBaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         count = 1 if transport is not None else -(-max_connections // LANE_CONNECTIONS)
         sizes = [max_connections // count + (i < max_connections % count) for i in range(count)]
         # One TLS context for every lane: each holds the CA bundle (about 1 MiB, and time to
-        # load it).
-        tls = httpx.create_ssl_context()
+        # load it). `tls`: one that also presents a client certificate (mutual TLS).
+        tls = tls or httpx.create_ssl_context()
         self._lanes = [_pooled_client(base_url, timeout, size, transport, tls) for size in sizes]
         self._in_flight = [0] * count
         self.timeout = self._lanes[0].timeout

@@ -10,9 +10,10 @@ and the refresh uses it from then on. Apps read the access token (see `TokenRefr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
-from keyturn.clock import rfc3339
+from keyturn.clock import SystemClock, rfc3339
 from keyturn.config import CredentialConfig
 from keyturn.config.credentials import OAuthClientCredential
 from keyturn.errors import (
@@ -34,9 +35,11 @@ from keyturn.kinds.oauth_client.refresh import (
     token_params,
 )
 from keyturn.logs import get_logger
-from keyturn.providers.client import ProviderClient
+from keyturn.providers.client import ClientSecret, ProviderClient
+from keyturn.providers.client_auth import ClientKey, resolve_keyless
 from keyturn.providers.params import TokenParams
 from keyturn.providers.tokens import TokenResponse
+from keyturn.references import SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
@@ -112,7 +115,7 @@ class ClientSecretTarget:
 
 
 async def revoke_verification_grant(
-    client: ProviderClient, name: str, token: TokenResponse, client_id: str, secret: Secret
+    client: ProviderClient, name: str, token: TokenResponse, client_id: str, secret: ClientSecret
 ) -> None:
     """A verification grant is only a test of the new secret: nothing keeps its tokens, so they
     are revoked (RFC 7009) where the provider offers it, the refresh token first (that revokes
@@ -156,6 +159,10 @@ def job(
     return CredentialJob(credential, tasks, deps)
 
 
+async def _each(resolve: Resolve, refs: Sequence[SecretRef]) -> list[Secret]:
+    return [await resolve(ref) for ref in refs]
+
+
 async def live_check(
     credential: CredentialConfig,
     client: ProviderClient,
@@ -166,11 +173,17 @@ async def live_check(
     would rotate it) with the client secret in use, and the probe with the token; the token is
     revoked (RFC 7009) where the provider offers it."""
     assert credential.client_id is not None
-    assert credential.client_secret is not None
-    client_id = (await resolve(credential.client_id)).reveal()
-    # After a client-secret rotation the current secret lives in the state, not the input.
     rotated = state.rotation.key if state is not None else None
-    secret = rotated or await resolve(credential.client_secret)
+    secret: ClientSecret
+    if credential.keyless:
+        client_id, secret = await resolve_keyless(
+            credential, lambda refs: _each(resolve, refs), SystemClock().time()
+        )
+    else:
+        assert credential.client_secret is not None
+        client_id = (await resolve(credential.client_id)).reveal()
+        # After a client-secret rotation the current secret lives in the state, not the input.
+        secret = rotated or await resolve(credential.client_secret)
     params = await token_params(credential, resolve)
     try:
         token = await client.request_token(
@@ -184,6 +197,10 @@ async def live_check(
     except OAuthError as error:
         if error.error != "invalid_client" and error.status != 401:
             raise
+        if isinstance(secret, ClientKey):
+            raise ProviderError(
+                f"token request refused: {error.message}", credential=credential.name
+            ) from None
         refusal = _refusal(credential, state, error.error, rotated=rotated is not None)
         raise ProviderError(refusal, credential=credential.name) from None
     accepted = _accepted(params)

@@ -63,7 +63,8 @@ from keyturn.jobs.steps import (
 from keyturn.layout import custom_metadata
 from keyturn.logs import get_logger
 from keyturn.policy import refresh_due, retry_delay, token_left
-from keyturn.providers.client import GrantType, ProviderClient
+from keyturn.providers.client import ClientSecret, GrantType, ProviderClient
+from keyturn.providers.client_auth import ClientKey
 from keyturn.providers.params import TokenParams, token_audience
 from keyturn.providers.tokens import TokenResponse
 from keyturn.references import SecretRef
@@ -100,6 +101,14 @@ def published_fields(
         "refresh_at": rfc3339(math.ceil(refresh_at)),
         "authorization": Secret(f"Bearer {access_token.reveal()}"),
     }
+
+
+def _rejected(client: ClientSecret, error: OAuthError) -> str:
+    """The client_rejected alert's words: a secret changed elsewhere, or a key or certificate
+    the server does not accept (what was sent is in the error's description)."""
+    if isinstance(client, Secret):
+        return "invalid_client: the client secret was revoked or changed outside keyturn"
+    return f"the server refused keyturn's key or certificate: {error.message}"
 
 
 def valid_refresh_token(value: Secret) -> bool:
@@ -824,7 +833,7 @@ class TokenRefresh:
         self,
         grant_type: GrantType,
         client_id: str,
-        client_secret: Secret,
+        client_secret: ClientSecret,
         refresh_token: Secret | None,
         state: CredentialState,
     ) -> TokenResponse:
@@ -843,7 +852,7 @@ class TokenRefresh:
                         self.credential.provider,
                         "client_rejected",
                         "critical",
-                        "invalid_client: the client secret was revoked or changed outside keyturn",
+                        _rejected(client_secret, error),
                     )
                 )
                 raise
@@ -853,7 +862,7 @@ class TokenRefresh:
         self,
         grant_type: GrantType,
         client_id: str,
-        client_secret: Secret,
+        client_secret: ClientSecret,
         refresh_token: Secret | None,
     ) -> TokenResponse:
         started = self._clock.monotonic()
@@ -902,7 +911,10 @@ class TokenRefresh:
             self._store,
             self._observer,
             path=self.credential.publish_to,
-            data=published_fields(access_token, issued_at, expires_at, refresh_at),
+            data={
+                **published_fields(access_token, issued_at, expires_at, refresh_at),
+                **await self._binding(),
+            },
             metadata=metadata,
             last_version=last,
             credential=self.credential.name,
@@ -911,6 +923,19 @@ class TokenRefresh:
         )
         self._metadata_at = (version, metadata)
         return version
+
+    async def _binding(self) -> dict[str, str | Secret]:
+        """What an app needs to use a certificate-bound token (RFC 8705 §3): the certificate
+        to present, and the `cnf` thumbprint the token names (docs/consuming.md)."""
+        if self.credential.client_auth not in ("tls_client_auth", "self_signed_tls_client_auth"):
+            return {}
+        _, client = await self._inputs.client()
+        if not isinstance(client, ClientKey) or client.tls is None:
+            return {}
+        return {
+            "client_certificate": client.tls.certificate,
+            "cnf_x5t_s256": client.tls.thumbprint,
+        }
 
 
 class ProbeAgain:
