@@ -21,3 +21,6 @@ if ((${#needed[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${needed[@]}"
 fi
+# panva/oidc-provider, pinned by devkit/oidc/package-lock.json: tests/integration/test_client_auth.py
+# (node and npm are needed; the harness keyturn_devkit.dev.oidc_provider also runs this on first use).
+[ -d "$(dirname "$0")/../devkit/oidc/node_modules/oidc-provider" ] || npm ci --prefix "$(dirname "$0")/../devkit/oidc" --no-audit --no-fund --silent
