@@ -39,6 +39,7 @@ LONGEST_FIRST = (
     "integration/test_vault_first_run.py",  # 58
     "integration/test_refresh_token_import.py",  # 57
     "integration/test_token_params.py",  # 56 (on a busy machine)
+    "integration/test_client_auth.py",  # 44
 )
 
 
