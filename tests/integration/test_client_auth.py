@@ -12,6 +12,7 @@ are served all along. `keyturn check --live` says the same in one line each.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from keyturn_devkit.dev.oidc_provider import (
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.apps import AppSampler
 from keyturn_devkit.harness.deployment import DaemonProcess
+from keyturn_devkit.harness.faketime import FakeWallClock
 from keyturn_devkit.harness.key_rotation import run_keyturn, status_rows
 from keyturn_devkit.harness.receiver import AlertReceiver
 
@@ -331,3 +333,38 @@ def _wait_published(setup: Setup, name: str, timeout: float = 30.0) -> None:
         except hvac.exceptions.InvalidPath:
             time.sleep(0.2)
     raise TimeoutError(f"{name} not published within {timeout}s")
+
+
+def test_a_clock_behind_the_servers_is_named_when_the_assertion_is_refused(
+    openbao: OpenBaoDevServer, tmp_path: Path
+) -> None:
+    """keyturn's wall clock 5 minutes slow (libfaketime): its assertions have expired by the
+    server's clock; the refusal names what was sent and the skew seen in the server's Date.
+    (Plain HTTP: with TLS, the server's fresh certificate would look not yet valid first.)"""
+    key = private_key_pem("ES256")
+    with OidcProvider(
+        tmp_path, clients=[private_key_jwt_client("skewed", public_jwks((key, "ES256")))]
+    ) as op:
+        token_file = tmp_path / "vault-token"
+        token_file.write_text(openbao.root_token)
+        config = tmp_path / "keyturn.toml"
+        config.write_text(
+            '[keyturn]\ninstance_id = "test"\nstate_prefix = "clientauth-skew/state"\n'
+            f'[vault]\naddress = "{openbao.address}"\n'
+            f'auth = {{ method = "token_file", path = "{token_file}" }}\n'
+            f'[[providers]]\nname = "op"\nbase_url = "{op.issuer}"\n'
+            'allow_insecure_http = true\ntoken_path = "/token"\ntoken_request = "form"\n'
+            '[[credentials]]\nname = "skewed"\nprovider = "op"\nkind = "oauth_client"\n'
+            'client_id = "skewed"\nclient_auth = "private_key_jwt"\n'
+            f'client_key = "{_write(tmp_path / "skewed.key", key)}"\n'
+            'publish_to = "clientauth-skew/apps/skewed"\n'
+        )
+        clock = FakeWallClock(tmp_path / "faketime")
+        clock.step(-300)
+        result = run_keyturn("check", "-c", str(config), "--live", env=clock.env())
+    lines = (result.stdout + result.stderr).splitlines()
+    (refused,) = [line for line in lines if line.startswith("credentials['skewed']:")]
+    assert "invalid_client" in refused
+    assert f"sent client assertion iss=sub=skewed aud={op.token_url} alg=ES256" in refused
+    assert re.search(r"the server's clock is (299|300|301)s ahead of keyturn's", refused), refused
+    assert result.returncode == 1

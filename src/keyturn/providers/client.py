@@ -128,7 +128,9 @@ class ProviderClient:
             return parse_token_response(body, credential)
         secrets = (sent, refresh_token, *params.secrets())
         try:
-            with self._keyless_refusal(client_secret, client_id, credential, response_headers):
+            with self._keyless_refusal(
+                client_secret, client_id, credential, status, response_headers
+            ):
                 self._raise_for(path, status, response_headers, body, credential, secrets)
         except OAuthError as error:
             raise params.blame(error) from None
@@ -221,6 +223,7 @@ class ProviderClient:
         client: ClientSecret,
         client_id: str,
         credential: str,
+        status: int,
         headers: httpx.Headers,
     ) -> Iterator[None]:
         """A refusal of a key or certificate says what was sent (iss, aud, alg, kid) and, when
@@ -231,7 +234,6 @@ class ProviderClient:
         except ProviderError as error:
             if not isinstance(client, ClientKey) or error.retryable:
                 raise
-            status = getattr(error, "status", None)
             if isinstance(error, OAuthError):
                 code, said = error.error, error.description
             elif isinstance(error, MalformedResponse) and status in (401, 403):
