@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import hvac
 import jwt
 import pytest
@@ -270,6 +272,14 @@ def test_tokens_kept_fresh_by_every_method_while_apps_call_the_resource_server(
     )["data"]["data"]
     claims = jwt.decode(bound["access_token"], options={"verify_signature": False})
     assert claims["cnf"]["x5t#S256"] == bound["cnf_x5t_s256"]
+    # The bound token is refused on a connection without its certificate.
+    without = httpx.get(
+        op.resource_url,
+        headers={"Authorization": bound["authorization"]},
+        verify=ssl.create_default_context(cafile=str(op.ca_cert)),
+    )
+    assert without.status_code == 401
+    assert "certificate-bound token without its certificate" in without.text
     assert bound["client_certificate"] == Path(setup.mtls_cert[0]).read_text().rstrip("\n")
     google = root.secrets.kv.v2.read_secret_version(
         path=setup.publish_to("google-sa"), raise_on_deleted_version=True
