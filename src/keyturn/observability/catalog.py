@@ -82,8 +82,10 @@ REFRESH_TOKEN_EXPIRY = _gauge(
 TOKEN_REQUESTS = _counter(
     "keyturn_token_requests_total",
     ("credential", "provider", "grant_type", "outcome"),
-    "token endpoint calls; `outcome` is `success`, an RFC 6749 error code (`invalid_grant`, "
-    "`invalid_client`, …, or `other`), `http_5xx`, `network`, `rate_limited` or `malformed`",
+    "token endpoint calls; `grant_type` is `client_credentials`, `refresh_token` or "
+    '`jwt_bearer` (RFC 7523 §2.1, `grant = "jwt_bearer"`); `outcome` is `success`, an RFC 6749 '
+    "error code (`invalid_grant`, `invalid_client`, …, or `other`), `http_5xx`, `network`, "
+    "`rate_limited` or `malformed`",
 )
 PROBE_REQUESTS = _counter(
     "keyturn_probe_requests_total",
@@ -252,7 +254,7 @@ OTHER = "other"
 TOKEN_OUTCOMES = frozenset(
     {"success", OTHER, "http_5xx", "network", "rate_limited", "malformed", *KNOWN_OAUTH_ERRORS}
 )
-GRANT_TYPES = frozenset({"client_credentials", "refresh_token"})
+GRANT_TYPES = frozenset({"client_credentials", "refresh_token", "jwt_bearer"})
 KINDS = frozenset(kinds.KINDS)  # every registered credential kind
 PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", "no_answer", OTHER})
 RETRY_AFTER_OUTCOMES = frozenset({"honoured", "shortened", "overridden"})

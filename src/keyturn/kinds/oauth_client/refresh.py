@@ -888,7 +888,10 @@ class TokenRefresh:
                 TokenRequest(
                     self.credential.name,
                     self.credential.provider,
-                    grant_type,
+                    # A JWT bearer grant stands where client credentials would.
+                    "jwt_bearer"
+                    if grant_type == "client_credentials" and self.credential.grant == "jwt_bearer"
+                    else grant_type,
                     outcome,
                     self._clock.monotonic() - started,
                 )
