@@ -61,6 +61,12 @@ const provider = new Provider(issuer, {
   clients: config.clients || [],
   jwks: { keys: [privateJwk] },
   clockTolerance: config.clock_tolerance ?? 5,
+  // The provider refuses to fetch from special-use addresses (SSRF protection); here every
+  // jwks_uri is a test's server on loopback, so its dispatcher is left out.
+  fetch(url, options) {
+    const { dispatcher: _ssrfGuard, ...rest } = options;
+    return globalThis.fetch(url, rest);
+  },
   clientAuthMethods: [
     'client_secret_basic', 'client_secret_post', 'private_key_jwt',
     ...(tls ? ['tls_client_auth', 'self_signed_tls_client_auth'] : []),
@@ -125,7 +131,9 @@ provider.proxy = false;
 // Why a request was refused, in the log (the answer itself says only invalid_client).
 for (const event of ['grant.error', 'server_error', 'revocation.error', 'registration_update.error']) {
   provider.on(event, (_ctx, error) => {
-    console.error(`${event}: ${error.error || error.name}: ${error.error_detail || error.message}`);
+    const inner = error.cause?.cause ? `: ${error.cause.cause.message}` : "";
+    const cause = error.cause ? ` (${error.cause.error_description || error.cause.message}${inner})` : "";
+    console.error(`${event}: ${error.error || error.name}: ${error.error_detail || error.error_description || error.message}${cause}`);
   });
 }
 

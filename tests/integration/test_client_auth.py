@@ -11,9 +11,12 @@ are served all along. `keyturn check --live` says the same in one line each.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
 import ssl
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from keyturn_devkit.dev.client_keys import (
 )
 from keyturn_devkit.dev.oidc_provider import (
     OidcProvider,
+    jwks_uri_client,
     private_key_jwt_client,
     self_signed_tls_client,
 )
@@ -46,7 +50,7 @@ pytestmark = [pytest.mark.openbao, pytest.mark.slow]
 
 TTL = 8  # seconds an access token lives: several refreshes in the run
 RUN = 20.0  # seconds the apps read while the daemon runs
-GOOD = ("jwt-es256", "jwt-issuer", "mtls", "refreshing", "google-sa")
+GOOD = ("jwt-es256", "jwt-issuer", "mtls", "refreshing", "google-sa", "jwks-uri")
 BAD = ("short-rsa", "expired-cert", "unregistered")
 SA_EMAIL = "reports@keyturn-test.iam.gserviceaccount.com"
 
@@ -63,6 +67,33 @@ class Setup:
 
     def publish_to(self, name: str) -> str:
         return f"clientauth/apps/{name}"
+
+
+@contextlib.contextmanager
+def jwks_published(jwks: dict[str, object]) -> Iterator[str]:
+    """A client's JWKS served over HTTP on loopback (what a client publishes for `jwks_uri`)."""
+    body = json.dumps(jwks).encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/jwks.json"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def _write(path: Path, text: str) -> str:
@@ -98,12 +129,14 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             "expired-cert", public_jwks((expired_key, "ES256"), certificate=expired_cert)
         ),
     ]
+    published = private_key_pem("ES256")
     sa_jwks = public_jwks((sa_key, "RS256"))
     sa_jwks["keys"][0]["kid"] = "0123456789abcdef"
     with (
+        jwks_published(public_jwks((published, "ES256"))) as jwks_uri,
         OidcProvider(
             workdir,
-            clients=clients,
+            clients=[*clients, jwks_uri_client("jwks-uri", jwks_uri)],
             tls=True,
             access_token_ttl=TTL,
             service_accounts={SA_EMAIL: sa_jwks},
@@ -124,6 +157,7 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
                 workdir / "sa.json", service_account_json(sa_key, SA_EMAIL, op.google_token_url)
             ),
             "stranger": _write(workdir / "stranger.key", stranger),
+            "published": _write(workdir / "published.key", published),
             "short": _write(workdir / "short.key", private_key_pem("RS256", rsa_bits=1024)),
             "expired_key": _write(workdir / "expired.key", expired_key),
             "expired_cert": _write(workdir / "expired.crt", expired_cert),
@@ -201,6 +235,7 @@ def _config(op: OidcProvider, vault: str, token_file: Path, refs: dict[str, str]
             service_account=refs["sa"],
             scope="https://www.googleapis.com/auth/devstorage.read_only",
         )
+        + credential("jwks-uri", "op", client_auth="private_key_jwt", client_key=refs["published"])
         + credential("short-rsa", "op", client_auth="private_key_jwt", client_key=refs["short"])
         + credential(
             "expired-cert",
