@@ -28,6 +28,7 @@ import jwt
 import pytest
 
 from keyturn_devkit.dev.client_keys import (
+    ca_signed_certificate,
     private_key_pem,
     public_jwks,
     self_signed_certificate,
@@ -40,6 +41,7 @@ from keyturn_devkit.dev.oidc_provider import (
     self_signed_tls_client,
 )
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
+from keyturn_devkit.dev.tls import make_throwaway_pki
 from keyturn_devkit.harness.apps import AppSampler
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.faketime import FakeWallClock
@@ -50,7 +52,7 @@ pytestmark = [pytest.mark.openbao, pytest.mark.slow]
 
 TTL = 8  # seconds an access token lives: several refreshes in the run
 RUN = 20.0  # seconds the apps read while the daemon runs
-GOOD = ("jwt-es256", "jwt-issuer", "mtls", "refreshing", "google-sa", "jwks-uri")
+GOOD = ("jwt-es256", "jwt-issuer", "mtls", "mtls-ca", "refreshing", "google-sa", "jwks-uri")
 BAD = ("short-rsa", "expired-cert", "unregistered")
 SA_EMAIL = "reports@keyturn-test.iam.gserviceaccount.com"
 
@@ -105,6 +107,11 @@ def _write(path: Path, text: str) -> str:
 @pytest.fixture(scope="module")
 def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     workdir = tmp_path_factory.mktemp("clientauth")
+    pki = make_throwaway_pki(workdir / "pki")
+    ca_client_key = private_key_pem("ES256")
+    ca_client_cert = ca_signed_certificate(
+        ca_client_key, pki.ca_cert, pki.ca_cert.parent / "ca.key", common_name="keyturn-ca-client"
+    )
     es256, ps256, rs256 = (
         private_key_pem("ES256"),
         private_key_pem("PS256"),
@@ -130,14 +137,23 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
         ),
     ]
     published = private_key_pem("ES256")
+    ca_client = {
+        "client_id": "mtls-ca",
+        "token_endpoint_auth_method": "tls_client_auth",
+        "tls_client_auth_subject_dn": "CN=keyturn-ca-client",
+        "grant_types": ["client_credentials"],
+        "response_types": [],
+        "redirect_uris": [],
+    }
     sa_jwks = public_jwks((sa_key, "RS256"))
     sa_jwks["keys"][0]["kid"] = "0123456789abcdef"
     with (
         jwks_published(public_jwks((published, "ES256"))) as jwks_uri,
         OidcProvider(
             workdir,
-            clients=[*clients, jwks_uri_client("jwks-uri", jwks_uri)],
+            clients=[*clients, jwks_uri_client("jwks-uri", jwks_uri), ca_client],
             tls=True,
+            pki=pki,
             access_token_ttl=TTL,
             service_accounts={SA_EMAIL: sa_jwks},
         ) as op,
@@ -152,6 +168,8 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             "ps256": _write(workdir / "ps256.key", ps256),
             "rs256": _write(workdir / "rs256.key", rs256),
             "mtls_cert": _write(workdir / "mtls.crt", mtls_cert),
+            "ca_client_key": _write(workdir / "ca-client.key", ca_client_key),
+            "ca_client_cert": _write(workdir / "ca-client.crt", ca_client_cert),
             "refreshing": _write(workdir / "eddsa.key", refreshing),
             "sa": _write(
                 workdir / "sa.json", service_account_json(sa_key, SA_EMAIL, op.google_token_url)
@@ -234,6 +252,13 @@ def _config(op: OidcProvider, vault: str, token_file: Path, refs: dict[str, str]
             grant="jwt_bearer",
             service_account=refs["sa"],
             scope="https://www.googleapis.com/auth/devstorage.read_only",
+        )
+        + credential(
+            "mtls-ca",
+            "op",
+            client_auth="tls_client_auth",
+            client_key=refs["ca_client_key"],
+            client_certificate=refs["ca_client_cert"],
         )
         + credential("jwks-uri", "op", client_auth="private_key_jwt", client_key=refs["published"])
         + credential("short-rsa", "op", client_auth="private_key_jwt", client_key=refs["short"])

@@ -129,6 +129,7 @@ class OidcProvider(ManagedServer):
         registration: bool | str = False,
         clock_tolerance: int = 5,
         service_accounts: Mapping[str, Mapping[str, Any]] | None = None,
+        pki: ThrowawayPKI | None = None,
     ) -> None:
         self.workdir = workdir
         self.clients = [dict(c) for c in clients]
@@ -140,7 +141,7 @@ class OidcProvider(ManagedServer):
         self.registration = registration
         self.clock_tolerance = clock_tolerance
         self.service_accounts = dict(service_accounts or {})
-        self.pki: ThrowawayPKI | None = None
+        self.pki = pki  # with tls: made at start unless given (a test signs client certificates)
         self.issuer = ""
         self.resource_url = ""
         self._process: subprocess.Popen[bytes] | None = None
