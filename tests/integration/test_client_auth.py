@@ -341,6 +341,11 @@ def test_tokens_kept_fresh_by_every_method_while_apps_call_the_resource_server(
     assert without.status_code == 401
     assert "certificate-bound token without its certificate" in without.text
     assert bound["client_certificate"] == Path(setup.mtls_cert[0]).read_text().rstrip("\n")
+    # The refresh-token family was used and rotated: keyturn holds a newer one than the seed.
+    held = root.secrets.kv.v2.read_secret_version(
+        path="clientauth/keyturn/state/refreshing", raise_on_deleted_version=True
+    )["data"]["data"]
+    assert held["refresh_token"] not in ("", (setup.workdir / "seed").read_text().strip())
     google = root.secrets.kv.v2.read_secret_version(
         path=setup.publish_to("google-sa"), raise_on_deleted_version=True
     )["data"]["data"]
