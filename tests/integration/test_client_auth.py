@@ -364,6 +364,8 @@ def test_tokens_kept_fresh_by_every_method_while_apps_call_the_resource_server(
     assert f"sent client assertion iss=sub=unregistered aud={op.token_url} alg=ES256" in refused
     for name in BAD:
         assert rows[name]["phase"] != "ok", rows[name]
+        # Backed off (1 s doubling to 4 s): retried, not in a hot loop, over the ~35 s run.
+        assert 2 <= rows[name]["consecutive_failures"] <= 20, rows[name]
     for text in (log, json.dumps(rows)):
         for key_file in ("short.key", "expired.key", "stranger.key", "rs256.key", "eddsa.key"):
             body = (setup.workdir / key_file).read_text().splitlines()[1]
