@@ -14,12 +14,14 @@ import jwt
 import pytest
 
 from keyturn.clock import FakeClock
+from keyturn.commands.check import _check_references, vault_references
 from keyturn.config import ProviderConfig, parse_config
 from keyturn.errors import ConfigError, OAuthError
 from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE, JWT_BEARER_GRANT
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.client_auth import BearerClaims, keyless_client
 from keyturn.secret import Secret
+from keyturn.testing.vault import FakeVaultStore
 from keyturn_devkit.dev.client_keys import private_key_pem, self_signed_certificate
 
 NOW = 1_800_000_000.0
@@ -265,3 +267,20 @@ def test_a_keyless_credential_loads() -> None:
     )
     (loaded,) = config.credentials
     assert loaded.keyless and loaded.client_key_alg == "PS256"
+
+
+async def test_keyturn_check_resolves_the_key_and_certificate_references() -> None:
+    config = parse_config(
+        credential(
+            client_auth="self_signed_tls_client_auth",
+            client_key="env:LEDGER_KEY_MISSING",
+            client_certificate="vault:secret/inputs/ledger#certificate",
+        ),
+        "k.toml",
+        {},
+    )
+    problems = await _check_references(config, FakeVaultStore(), skip=set())
+    assert any(p.startswith("credentials['ledger'].client_key: ") for p in problems), problems
+    assert any(p.startswith("credentials['ledger'].client_certificate: ") for p in problems)
+    # The certificate's Vault reference is among those whose read capability is checked.
+    assert any(key.endswith("client_certificate") for key, _ in vault_references(config))

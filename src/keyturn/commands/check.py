@@ -22,6 +22,7 @@ from keyturn.alerts.build import build_hooks
 from keyturn.clock import SystemClock
 from keyturn.commands import add_config_argument, load_or_report
 from keyturn.config import Config, CredentialConfig, HttpRotatorConfig
+from keyturn.config.credentials import INPUT_REFERENCES
 from keyturn.config.fields import is_loopback
 from keyturn.errors import (
     KeyturnError,
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 # A credential's fields that hold secret references (its inputs).
-CREDENTIAL_REFERENCES = ("client_id", "client_secret", "initial_key", "refresh_token")
+CREDENTIAL_REFERENCES = INPUT_REFERENCES
 
 
 def token_param_references(

@@ -70,6 +70,17 @@ KEYLESS = ("private_key_jwt", "tls_client_auth", "self_signed_tls_client_auth")
 # JWT bearer grant (RFC 7523 §2.1) with an assertion it signs.
 CredentialGrant = Literal["client_credentials", "jwt_bearer"]
 AssertionAlg = Literal["RS256", "PS256", "ES256", "EdDSA"]
+# A credential's keys that hold references to its private inputs (checked by `keyturn check`,
+# watched in Vault's audit log).
+INPUT_REFERENCES = (
+    "client_id",
+    "client_secret",
+    "initial_key",
+    "refresh_token",
+    "client_key",
+    "client_certificate",
+    "service_account",
+)
 SinkFormat = Literal["raw", "json", "env"]
 
 # How long after a new key is published its predecessor lives at most while keyturn waits for

@@ -13,6 +13,7 @@ from typing import Any
 
 from keyturn.clock import Clock, rfc3339
 from keyturn.config import Config, HttpRotatorConfig
+from keyturn.config.credentials import INPUT_REFERENCES
 from keyturn.config.schema import UsageSettings
 from keyturn.events import Observer
 from keyturn.jobs.job import ConsumerHooks, ConsumersOnOld
@@ -26,7 +27,7 @@ from keyturn.usage.sources import FileAuditSource, SocketAuditSource
 from keyturn.usage.tracker import UsageTracker
 
 # A credential's keys that may hold `vault:` references: keyturn's private inputs.
-INPUT_KEYS = ("client_id", "client_secret", "initial_key", "refresh_token")
+INPUT_KEYS = INPUT_REFERENCES
 
 
 def layout_of(config: Config) -> Layout:
