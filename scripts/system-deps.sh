@@ -16,6 +16,8 @@ command -v openssl >/dev/null 2>&1 || needed+=(openssl)
 # Debian's chromium and its chromedriver, which Selenium is pointed at (no driver download).
 command -v chromium >/dev/null 2>&1 || needed+=(chromium)
 [ -x /usr/bin/chromedriver ] || needed+=(chromium-driver)
+# Glewlwyd, a second OpenID Connect server (in C), for private_key_jwt: tests/integration/test_glewlwyd.py.
+command -v glewlwyd >/dev/null 2>&1 || needed+=(glewlwyd)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

@@ -39,6 +39,8 @@ LONGEST_FIRST = (
     "client/test_client_integration.py",  # 86
     "integration/test_vault_first_run.py",  # 58
     "integration/test_refresh_token_import.py",  # 57
+    "integration/test_client_auth.py",  # 43-62
+    "integration/test_token_params.py",  # 56 (on a busy machine)
 )
 
 

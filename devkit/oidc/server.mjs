@@ -8,11 +8,12 @@
 //     "clients": [ <RFC 7591 client metadata> ], "access_token_ttl": 60,
 //     "refresh_token_ttl": 86400, "resources": { "<indicator>": { "scope": "read", "ttl": 60 } },
 //     "default_resource": "<indicator>", "registration": { "initial_access_token": "…" } | null,
-//     "clock_tolerance": 5, "ready_file": "ready.json" }
+//     "clock_tolerance": 5, "ready_file": "ready.json",
+//     "service_accounts": { "<email>": <JWKS of its public keys> } }
 //
 // Once both servers listen it writes {"issuer", "resource_url"} to `ready_file` (JSON).
 // Loopback only; throwaway keys; never for anything but a test.
-import { createHash } from 'node:crypto';
+import * as crypto from 'node:crypto';
 import { readFileSync, renameSync, writeFileSync } from 'node:fs';
 import * as http from 'node:http';
 import * as https from 'node:https';
@@ -60,6 +61,12 @@ const provider = new Provider(issuer, {
   clients: config.clients || [],
   jwks: { keys: [privateJwk] },
   clockTolerance: config.clock_tolerance ?? 5,
+  // The provider refuses to fetch from special-use addresses (SSRF protection); here every
+  // jwks_uri is a test's server on loopback, so its dispatcher is left out.
+  fetch(url, options) {
+    const { dispatcher: _ssrfGuard, ...rest } = options;
+    return globalThis.fetch(url, rest);
+  },
   clientAuthMethods: [
     'client_secret_basic', 'client_secret_post', 'private_key_jwt',
     ...(tls ? ['tls_client_auth', 'self_signed_tls_client_auth'] : []),
@@ -124,7 +131,9 @@ provider.proxy = false;
 // Why a request was refused, in the log (the answer itself says only invalid_client).
 for (const event of ['grant.error', 'server_error', 'revocation.error', 'registration_update.error']) {
   provider.on(event, (_ctx, error) => {
-    console.error(`${event}: ${error.error || error.name}: ${error.error_detail || error.message}`);
+    const inner = error.cause?.cause ? `: ${error.cause.cause.message}` : "";
+    const cause = error.cause ? ` (${error.cause.error_description || error.cause.message}${inner})` : "";
+    console.error(`${event}: ${error.error || error.name}: ${error.error_detail || error.error_description || error.message}${cause}`);
   });
 }
 
@@ -148,6 +157,40 @@ async function seedRefreshToken(body) {
   return [200, { refresh_token: await token.save() }];
 }
 
+// The JWT bearer grant as Google's token endpoint runs it (RFC 7523 §2.1, no client
+// authentication): POST /__google/token with grant_type and assertion; the assertion is
+// signed by a configured service account's key (`iss` its email), `aud` this URL, at most an
+// hour long; the token is a JWT the resource server accepts. oidc-provider has no such grant:
+// this route is the harness's own, small, and says so in docs/providers.md.
+const googleTokenUrl = `${issuer}/__google/token`;
+const serviceAccounts = Object.fromEntries(Object.entries(config.service_accounts || {})
+  .map(([email, jwks]) => [email, jose.createLocalJWKSet(jwks)]));
+async function googleToken(form) {
+  const refuse = (description) => [400, { error: 'invalid_grant', error_description: description }];
+  if (form.get('grant_type') !== 'urn:ietf:params:oauth:grant-type:jwt-bearer') {
+    return [400, { error: 'unsupported_grant_type' }];
+  }
+  const assertion = form.get('assertion') || '';
+  let claims;
+  try {
+    claims = jose.decodeJwt(assertion);
+  } catch { return refuse('assertion is not a JWT'); }
+  const keys = serviceAccounts[claims.iss];
+  if (!keys) return refuse('Invalid JWT Signature.');
+  try {
+    await jose.jwtVerify(assertion, keys, {
+      audience: googleTokenUrl, clockTolerance: config.clock_tolerance ?? 5, maxTokenAge: '3600s',
+    });
+  } catch (error) { return refuse(`${error.code}: ${error.message}`); }
+  const ttl = config.access_token_ttl ?? 60;
+  const token = await new jose.SignJWT({ client_id: claims.iss, scope: claims.scope })
+    .setProtectedHeader({ alg: 'RS256', kid: 'server-1', typ: 'at+jwt' })
+    .setIssuer(issuer).setAudience(config.default_resource).setSubject(claims.sub || claims.iss)
+    .setIssuedAt().setExpirationTime(`${ttl}s`).setJti(crypto.randomUUID())
+    .sign(signing.privateKey);
+  return [200, { access_token: token, token_type: 'Bearer', expires_in: ttl }];
+}
+
 const callback = provider.callback();
 providerServer.on('request', async (req, res) => {
   if (req.method === 'POST' && req.url === '/__dev/refresh-token') {
@@ -155,6 +198,14 @@ providerServer.on('request', async (req, res) => {
     for await (const chunk of req) data += chunk;
     const [status, answer] = await seedRefreshToken(JSON.parse(data));
     res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(answer));
+    return;
+  }
+  if (req.method === 'POST' && req.url === '/__google/token') {
+    let data = '';
+    for await (const chunk of req) data += chunk;
+    const [status, answer] = await googleToken(new URLSearchParams(data));
+    res.writeHead(status, { 'content-type': 'application/json', 'cache-control': 'no-store' })
+      .end(JSON.stringify(answer));
     return;
   }
   callback(req, res);
@@ -181,7 +232,7 @@ resourceServer.on('request', async (req, res) => {
   const bound = payload.cnf && payload.cnf['x5t#S256'];
   if (bound) {
     const cert = peerCertificate(req.socket);
-    const presented = cert && createHash('sha256').update(cert.raw).digest('base64url');
+    const presented = cert && crypto.createHash('sha256').update(cert.raw).digest('base64url');
     if (presented !== bound) return refuse(res, 401, 'certificate-bound token without its certificate');
   }
   res.writeHead(200, { 'content-type': 'application/json' })

@@ -111,6 +111,17 @@ class RotationPlanned:
 
 
 @dataclass(frozen=True, slots=True)
+class RefreshTokenPlanned:
+    """When the refresh token keyturn holds stops working at the latest, so that a person
+    consents again before (None: no refresh token held, or its end is not known)."""
+
+    credential: str
+    provider: str
+    kind: str
+    ends_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class RotationDuration:
     """A rotation took `seconds` from its start to its new key being in use."""
 
@@ -154,6 +165,7 @@ Event: TypeAlias = (
     | RotationStep
     | Restored
     | RotationPlanned
+    | RefreshTokenPlanned
     | RotationDuration
     | Probed
     | RetryAfterBounded

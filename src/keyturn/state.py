@@ -72,10 +72,32 @@ class RefreshTokenRecord:
     # When the provider last refused (invalid_grant) the refresh token keyturn held; cleared
     # once keyturn holds a refresh token again.
     refused_at: float | None = None
+    # When the held refresh token expires, from the provider's `refresh_expires_in`, and when
+    # its family began (the grant or hand-over that brought its first token): with the
+    # provider's `refresh_token_max_lifetime`, when a person must consent again.
+    expires_at: float | None = None
+    family_started: float | None = None
 
     def burn(self) -> RefreshTokenRecord:
         """The held token given up as possibly used: never presented again, kept to revoke."""
-        return replace(self, token=None, in_flight=None, burned=self.token or self.burned)
+        return replace(
+            self.dropped(), token=None, in_flight=None, burned=self.token or self.burned
+        )
+
+    def dropped(self) -> RefreshTokenRecord:
+        """No refresh token held any more: nothing is known of a family."""
+        return replace(self, token=None, expires_at=None, family_started=None)
+
+    def family_ends_at(self, max_lifetime: float | None) -> float | None:
+        """When the held refresh token can no longer be used, at the latest: its expiry, or
+        its family's start plus the provider's absolute lifetime (None: not known)."""
+        if self.token is None:
+            return None
+        absolute = None
+        if max_lifetime is not None and self.family_started is not None:
+            absolute = self.family_started + max_lifetime
+        ends = [t for t in (self.expires_at, absolute) if t is not None]
+        return min(ends, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +117,9 @@ class TokenRecord:
     # Set when the published token went out unverified (its probe got no answer and the token
     # apps read before would have expired before another try): when to probe it again.
     verify_at: float | None = None
+    # The `aud` claim of the published token where it is a readable JWT (space-separated):
+    # grant drift compares the next token's with it.
+    audience: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +313,8 @@ FIELDS: tuple[StoredField, ...] = (
     StoredField("burned_refresh_token", "refresh", "burned", SECRET),
     StoredField("refresh_token_input_fingerprint", "refresh", "input_fingerprint", FINGERPRINT),
     StoredField("refresh_token_refused_at", "refresh", "refused_at", TIME),
+    StoredField("refresh_token_expires_at", "refresh", "expires_at", TIME),
+    StoredField("refresh_family_started", "refresh", "family_started", TIME),
     StoredField("issued_at", "token", "issued_at", TIME),
     StoredField("expires_at", "token", "expires_at", TIME),
     StoredField("scope", "token", "scope", TEXT),
@@ -299,6 +326,7 @@ FIELDS: tuple[StoredField, ...] = (
     StoredField("next_due", "token", "next_due", TIME),
     StoredField("phase", "token", "phase", PHASE),
     StoredField("verify_at", "token", "verify_at", TIME),
+    StoredField("granted_audience", "token", "audience", TEXT),
     StoredField("key", "rotation", "key", SECRET),
     StoredField("key_id", "rotation", "key_id", TEXT),
     StoredField("key_created_at", "rotation", "key_created_at", TIME),

@@ -26,6 +26,7 @@ from keyturn.events import (
     Failed,
     Probed,
     Published,
+    RefreshTokenPlanned,
     RetryAfterBounded,
     RotationDuration,
     RotationPlanned,
@@ -128,6 +129,7 @@ def exercised(clock: FakeClock) -> tuple[CollectorRegistry, PrometheusObserver]:
     observer(RotationStep("reporting", "acme", "oauth_client", "started"))
     observer(Probed("reporting", "acme", 200))
     observer(RotationPlanned("reporting", "acme", "oauth_client", clock.time() + 86400))
+    observer(RefreshTokenPlanned("reporting", "acme", "oauth_client", clock.time() + 7 * 86400))
     observer(RotationDuration("acme", "oauth_client", 3.0))
     observer.lateness(0.02)
     observer.alert_delivery("oncall", "success")
@@ -152,7 +154,7 @@ def exposed(registry: CollectorRegistry) -> dict[str, Row]:
 
 def test_the_document_has_all_its_tables() -> None:
     rows = doc_rows()
-    assert len(rows) == 32
+    assert len(rows) == 33
     assert rows["keyturn_credential_ready"].labels == {"credential", "provider", "kind"}
     assert rows["keyturn_build_info"].labels == {"version", "python"}
     assert rows["keyturn_schedule_lateness_seconds"].labels == frozenset()

@@ -94,6 +94,8 @@ JSON_FIELDS = {
     "verified",
     # what the kind adds (a signing key: the key ids its server holds), else null
     "details",
+    # when the refresh token held stops working at the latest (a person consents again)
+    "refresh_token_ends_at",
 }
 
 

@@ -80,15 +80,29 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def token_param_references(
+    credential: CredentialConfig, *, named: bool = True
+) -> list[tuple[str, SecretRef | None]]:
+    """The references among a credential's `token_params`, each with its key (prefixed with
+    the credential when `named`)."""
+    prefix = f"credentials[{credential.name!r}]." if named else ""
+    return [
+        (f"{prefix}token_params.{name}", ref)
+        for name, ref in credential.token_params
+        if not ref.is_inline
+    ]
+
+
 def vault_references(config: Config) -> list[tuple[str, SecretRef]]:
     """Every `vault:` reference in the configuration, with the key that holds it."""
     keyed: list[tuple[str, SecretRef | None]] = []
     for credential in config.credentials:
         for key, ref in credential.references():
             keyed.append((f"credentials[{credential.name!r}].{key}", ref))
+        keyed += token_param_references(credential)
     # Secrets of rotators and alert hooks may live in Vault too.
     for rotator in config.rotators.values():
-        if isinstance(rotator, HttpRotatorConfig):
+        if isinstance(rotator, HttpRotatorConfig) and isinstance(rotator.auth, SecretRef):
             keyed.append((f"rotators[{rotator.name!r}].auth", rotator.auth))
     for hook in config.alerts:
         keyed.append((f"alerts[{hook.name!r}].url", hook.url))
@@ -319,15 +333,16 @@ async def _check_references(config: Config, store: KvStore, *, skip: set[str]) -
     resolver = ReferenceResolver(os.environ, store)
     problems = []
     for credential in config.credentials:
-        for key, ref in credential.references():
-            if ref.scheme == "vault" and ref.mount in skip:
+        keyed = list(credential.references())
+        for key, ref in keyed + token_param_references(credential, named=False):
+            if ref is None or (ref.scheme == "vault" and ref.mount in skip):
                 continue
             try:
                 await resolver.resolve(ref)
             except KeyturnError as error:
                 problems.append(f"credentials[{credential.name!r}].{key}: {error.message}")
     for rotator in config.rotators.values():
-        if not isinstance(rotator, HttpRotatorConfig) or rotator.auth is None:
+        if not isinstance(rotator, HttpRotatorConfig) or not isinstance(rotator.auth, SecretRef):
             continue
         if rotator.auth.scheme == "vault" and rotator.auth.mount in skip:
             continue

@@ -40,7 +40,13 @@ EXIT_NOT_OK = 3  # read fine, and some credential is not `ok` (2 is argparse's u
 UNKNOWN = "unknown"
 
 # Fields of StatusRow that are times (epoch seconds in the row, RFC 3339 in JSON).
-_TIME_FIELDS = ("expires_at", "next_refresh", "last_success", "rotates_at")
+_TIME_FIELDS = (
+    "expires_at",
+    "next_refresh",
+    "last_success",
+    "rotates_at",
+    "refresh_token_ends_at",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,9 @@ class StatusRow:
     # What the kind adds from its record (`Kind.status_details`; a signing key: the key ids
     # the server holds).
     details: Mapping[str, str] | None = None
+    # When the refresh token keyturn holds stops working at the latest, and a person must
+    # consent again (`RefreshTokenRecord.family_ends_at`; None: none held, or not known).
+    refresh_token_ends_at: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         values = asdict(self)
@@ -299,6 +308,9 @@ async def status_rows(
             consumers=consumers.get(name) if consumers is not None else None,
             verified=token.verify_at is None,
             details=_details(kind, state, name) if unreadable is None else None,
+            refresh_token_ends_at=state.refresh.family_ends_at(
+                config.provider_of(credential).refresh_token_max_lifetime
+            ),
         )
 
     chosen = config.credentials if credentials is None else credentials
@@ -387,6 +399,7 @@ _COLUMNS: tuple[tuple[str, Callable[[StatusRow, float], str]], ...] = (
     ("VERSION", lambda row, now: _text(row.published_version)),
     ("ROTATION", lambda row, now: rotation(row)),
     ("ROTATES AT", lambda row, now: when(row.rotates_at, now)),
+    ("REFRESH TOKEN ENDS", lambda row, now: when(row.refresh_token_ends_at, now)),
     ("OWNER", lambda row, now: _text(row.owner)),
     ("CONSUMERS", lambda row, now: _text(row.consumers)),
     ("LAST ERROR", lambda row, now: _text(row.last_error)),

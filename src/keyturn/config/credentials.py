@@ -56,6 +56,7 @@ from keyturn.config.fields import (
     table,
     text,
 )
+from keyturn.config.token_params import AUDIENCE, RESOURCE, TOKEN_PARAMS
 from keyturn.policy import BackoffPolicy, RefreshPolicy
 from keyturn.references import SecretRef
 
@@ -71,6 +72,17 @@ KEYLESS = ("private_key_jwt", "tls_client_auth", "self_signed_tls_client_auth")
 # JWT bearer grant (RFC 7523 §2.1) with an assertion it signs.
 CredentialGrant = Literal["client_credentials", "jwt_bearer"]
 AssertionAlg = Literal["RS256", "PS256", "ES256", "EdDSA"]
+# A credential's keys that hold references to its private inputs (checked by `keyturn check`,
+# watched in Vault's audit log).
+INPUT_REFERENCES = (
+    "client_id",
+    "client_secret",
+    "initial_key",
+    "refresh_token",
+    "client_key",
+    "client_certificate",
+    "service_account",
+)
 SinkFormat = Literal["raw", "json", "env"]
 
 # How long after a new key is published its predecessor lives at most while keyturn waits for
@@ -272,6 +284,8 @@ class SinkConfig(Table):
         return sink
 
 
+
+
 @table(kw_only=True)
 class CredentialConfig(Table):
     """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
@@ -290,6 +304,10 @@ class CredentialConfig(Table):
     scope: str | None = None
     refresh_token: SecretRef | None = None
     refresh: RefreshPolicy = dataclasses.field(default_factory=RefreshPolicy)
+    # What the token request carries besides the grant (keyturn.config.token_params).
+    audience: str | None = None
+    resource: tuple[str, ...] = ()
+    token_params: tuple[tuple[str, SecretRef], ...] = ()
     publish_to: Annotated[
         str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
     ]
@@ -331,7 +349,7 @@ class CredentialConfig(Table):
     def references(self) -> Iterator[tuple[str, SecretRef]]:
         """Its inputs' secret references, each with the key that holds it (`keyturn check`
         resolves them and checks Vault's capabilities on them)."""
-        for key in ("client_id", "client_secret", "initial_key", "refresh_token"):
+        for key in INPUT_REFERENCES:
             ref = getattr(self, key)
             if ref is not None:
                 yield key, ref
@@ -403,6 +421,9 @@ class OAuthClientCredential(CredentialConfig):
     ] = dataclasses.field(default_factory=RefreshPolicy)
     initial_key: Annotated[None, _NOT_OAUTH] = None
     initial_key_id: Annotated[None, _NOT_OAUTH] = None
+    audience: Annotated[str | None, AUDIENCE] = None
+    resource: Annotated[tuple[str, ...], RESOURCE] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], TOKEN_PARAMS] = ()
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         yield from self._client_auth_problems()
@@ -421,6 +442,7 @@ class OAuthClientCredential(CredentialConfig):
                 'secret; expected an "http" or "exec" rotator'
             )
             yield ("rotation", "rotator"), message
+
 
     def _client_auth_problems(self) -> Iterator[tuple[Where, str]]:
         """Which keys each way of authenticating needs, and which it refuses."""
@@ -469,6 +491,9 @@ class ApiKeyCredential(CredentialConfig):
     refresh: Annotated[RefreshPolicy, _NOT_API_KEY] = dataclasses.field(
         default_factory=RefreshPolicy
     )
+    audience: Annotated[None, _NOT_API_KEY] = None
+    resource: Annotated[tuple[str, ...], _NOT_API_KEY] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_API_KEY] = ()
     probe: Annotated[str, HTTP_PATH]
     rotation: Annotated[
         RotationPolicy,
@@ -614,6 +639,9 @@ class SigningKeyCredential(CredentialConfig):
     service_account: Annotated[None, _NOT_SIGNING_KEY] = None
     assertion_subject: Annotated[None, _NOT_SIGNING_KEY] = None
     assertion_audience: Annotated[None, _NOT_SIGNING_KEY] = None
+    audience: Annotated[None, _NOT_SIGNING_KEY] = None
+    resource: Annotated[tuple[str, ...], _NOT_SIGNING_KEY] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_SIGNING_KEY] = ()
     algorithm: SigningAlgorithm = "ES256"
     key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
     registration: Registration

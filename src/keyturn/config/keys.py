@@ -65,7 +65,9 @@ def node(annotation: Any, metadata: list[Any] | None = None) -> Node:
         elif get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(
             annotation
         ):
-            [annotation] = [a for a in get_args(annotation) if a is not type(None)]
+            # `T | None` is T's node; `T | U | None` the union's (its Check reads it).
+            present = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = present[0] if len(present) == 1 else Union[tuple(present)]  # noqa: UP007
         else:
             break
     for meta in metadata:

@@ -38,6 +38,12 @@ from urllib.parse import urlsplit
 from pydantic import Field, ValidationInfo, model_validator
 
 from keyturn.alerts.model import DETECTORS
+from keyturn.config.credential_auth import (
+    AUTH,
+    CredentialAuth,
+    auth_loops,
+    unknown_credential,
+)
 from keyturn.config.credentials import (
     DEFAULT_MAX_GRACE,
     KV_PATH,
@@ -320,7 +326,9 @@ class MetricsTable(Table):
 class ProviderConfig(Table):
     """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
     slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
-    default_lifetime: seconds, when a token response has no expires_in."""
+    default_lifetime: seconds, when a token response has no expires_in.
+    refresh_token_max_lifetime: the absolute lifetime of a refresh-token family, from the
+    grant or consent that began it (None: the provider sets none, or keyturn is not told)."""
 
     name: Annotated[str, ENTRY_NAME]
     base_url: Annotated[str, URL]
@@ -335,6 +343,7 @@ class ProviderConfig(Table):
         float | None, number(f"a number of requests per second {RATE}", gt=0, le=1e4)
     ] = None
     default_lifetime: Annotated[float, LIFETIME] = 3600.0
+    refresh_token_max_lifetime: Annotated[float | None, LIFETIME] = None
     max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
     client_assertion_audience: AssertionAudience = "token_endpoint"
     issuer: Annotated[str | None, URL] = None
@@ -431,12 +440,13 @@ class HttpFind(Table):
 @table(kw_only=True)
 class HttpRotatorConfig(Table):
     """`type = "http"`: a provider's key-management API, through the `[[providers]]` entry
-    `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header)."""
+    `provider`. auth: sent as `Authorization: <auth_scheme> <value>` (None: no header); a
+    reference, or another credential's published token (`CredentialAuth`, read at each call)."""
 
     name: Annotated[str, ENTRY_NAME]
     type: Literal["http"] = "http"
     provider: Annotated[str, NAME, PROVIDER]
-    auth: Annotated[SecretRef | None, secret_reference('auth = "env:SANDBOX_ADMIN_TOKEN"')] = None
+    auth: Annotated[SecretRef | CredentialAuth | None, AUTH] = None
     auth_scheme: Annotated[
         str,
         text(
@@ -458,6 +468,11 @@ class HttpRotatorConfig(Table):
     find: Annotated[
         HttpFind | None, described('a table, e.g. find = { path = "/keys", items = "/keys", ... }')
     ] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        unknown = unknown_credential(self.auth, context.credentials)
+        if unknown is not None:
+            yield "auth", unknown
 
 
 @table()
@@ -718,7 +733,7 @@ class Config:
         context = context_of(info)
         if context is not None:
             object.__setattr__(self, "source", Path(context.source))
-            found = list(self._needs_usage())
+            found = [*self._needs_usage(), *auth_loops(self.credentials, self.rotators)]
             if found:
                 raise report(found)
         return self

@@ -21,7 +21,7 @@ from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.kinds import api_key, oauth_client, signing_key
 from keyturn.kinds.base import AnyKind
 from keyturn.providers.client import ProviderClient
-from keyturn.references import ReferenceResolver
+from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.rotators.build import build_rotator
 
@@ -77,6 +77,14 @@ def _rotator_of(
     return rotators[named] if named is not None else None
 
 
+def published_value(config: Config, name: str) -> SecretRef:
+    """Where the credential `name`'s value (an access token, an API key) is published, as a
+    reference: what `auth = "credential:NAME"` reads."""
+    credential = config.credential(name)
+    field = kind_of(credential).value_field
+    return SecretRef.vault(config.vault.mount, credential.publish_to, field)
+
+
 async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver) -> JobSet:
     """One pooled client per provider, the rotators credentials use, one job per credential.
     Whatever was built is closed if a later part fails."""
@@ -96,6 +104,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
                 providers=config.providers,
                 resolver=resolver,
                 clock=deps.clock,
+                published=lambda credential: published_value(config, credential),
             )
         for credential in config.credentials:
             built.jobs[credential.name] = build_job(

@@ -71,13 +71,21 @@ ROTATE_AFTER = _gauge(
     "when the current key or client secret is due for rotation (only with `rotation`)",
     CREDENTIAL_LABELS,
 )
+REFRESH_TOKEN_EXPIRY = _gauge(
+    "keyturn_refresh_token_expiry_timestamp_seconds",
+    "when the refresh token keyturn holds stops working at the latest: its `refresh_expires_in` "
+    "or its family's `refresh_token_max_lifetime`, whichever ends first (only when known)",
+    CREDENTIAL_LABELS,
+)
 
 # -- counters --------------------------------------------------------------------------------------
 TOKEN_REQUESTS = _counter(
     "keyturn_token_requests_total",
     ("credential", "provider", "grant_type", "outcome"),
-    "token endpoint calls; `outcome` is `success`, an RFC 6749 error code (`invalid_grant`, "
-    "`invalid_client`, …, or `other`), `http_5xx`, `network`, `rate_limited` or `malformed`",
+    "token endpoint calls; `grant_type` is `client_credentials`, `refresh_token` or "
+    '`jwt_bearer` (RFC 7523 §2.1, `grant = "jwt_bearer"`); `outcome` is `success`, an RFC 6749 '
+    "error code (`invalid_grant`, `invalid_client`, …, or `other`), `http_5xx`, `network`, "
+    "`rate_limited` or `malformed`",
 )
 PROBE_REQUESTS = _counter(
     "keyturn_probe_requests_total",
@@ -246,7 +254,7 @@ OTHER = "other"
 TOKEN_OUTCOMES = frozenset(
     {"success", OTHER, "http_5xx", "network", "rate_limited", "malformed", *KNOWN_OAUTH_ERRORS}
 )
-GRANT_TYPES = frozenset({"client_credentials", "refresh_token"})
+GRANT_TYPES = frozenset({"client_credentials", "refresh_token", "jwt_bearer"})
 KINDS = frozenset(kinds.KINDS)  # every registered credential kind
 PROBE_RESULTS = frozenset({"success", "unauthorized", "forbidden", "no_answer", OTHER})
 RETRY_AFTER_OUTCOMES = frozenset({"honoured", "shortened", "overridden"})

@@ -27,6 +27,7 @@ from keyturn.events import (
     Failed,
     Probed,
     Published,
+    RefreshTokenPlanned,
     Restored,
     RetryAfterBounded,
     RotationDuration,
@@ -53,6 +54,7 @@ class CredentialMetrics:
     last_success: float | None = None
     failures: int = 0
     rotate_after: float | None = None
+    refresh_token_expiry: float | None = None
 
     def ready(self, now: float) -> bool:
         """The same rule as readiness (`keyturn_credential_ready`)."""
@@ -123,6 +125,7 @@ def _state_rows(
             (c.READY, float(m.ready(now))),
             (c.FAILURES, float(m.failures)),
             (c.ROTATE_AFTER, m.rotate_after),
+            (c.REFRESH_TOKEN_EXPIRY, m.refresh_token_expiry),
         )
         yield name, [(spec, value) for spec, value in values if value is not None]
 
@@ -183,6 +186,7 @@ _CREDENTIAL_SPECS = (
     c.READY,
     c.FAILURES,
     c.ROTATE_AFTER,
+    c.REFRESH_TOKEN_EXPIRY,
 )
 _FIELDS = {
     c.EXPIRY.name: "expires_at",
@@ -191,6 +195,7 @@ _FIELDS = {
     c.LAST_SUCCESS.name: "last_success",
     c.FAILURES.name: "failures",
     c.ROTATE_AFTER.name: "rotate_after",
+    c.REFRESH_TOKEN_EXPIRY.name: "refresh_token_expiry",
 }
 _GAUGE_OF = {field: gauge for gauge, field in _FIELDS.items()}
 _PROCESS_SPECS = (c.VAULT_TOKEN_EXPIRY, c.VAULT_AUTHENTICATED, c.HEARTBEAT)
@@ -395,6 +400,8 @@ class PrometheusObserver:
                 self._count(self._rotations, labels)
             case RotationPlanned(credential, provider, kind, at):
                 self._update(credential, provider, kind, rotate_after=at)
+            case RefreshTokenPlanned(credential, provider, kind, ends_at):
+                self._update(credential, provider, kind, refresh_token_expiry=ends_at)
             case RotationDuration(provider, kind, seconds):
                 self._rotation_duration.labels(provider, bounded(kind, c.KINDS)).observe(
                     max(0.0, seconds)

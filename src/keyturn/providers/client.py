@@ -28,6 +28,7 @@ from keyturn.providers.http import (
     raise_if_transient,
     send_bounded,
 )
+from keyturn.providers.params import NO_PARAMS, TokenParams
 from keyturn.providers.recovery import Recovery
 from keyturn.providers.tokens import TokenResponse, parse_error_response, parse_token_response
 from keyturn.ratelimit import TokenBucket
@@ -101,20 +102,24 @@ class ProviderClient:
         client_secret: ClientSecret,
         refresh_token: Secret | None = None,
         scope: str | None = None,
+        params: TokenParams = NO_PARAMS,
     ) -> TokenResponse:
-        """POST the token endpoint; returns a parsed success or raises a ProviderError.
-        A `ClientKey` instead of a client secret authenticates without one (and may make a
+        """POST the token endpoint; returns a parsed success or raises a ProviderError (an
+        error about the credential's own `params` names them: `TokenParams.blame`). A
+        `ClientKey` instead of a client secret authenticates without one (and may make a
         client_credentials request a JWT bearer grant)."""
-        fields: dict[str, str] = {"grant_type": grant_type}
+        fields: dict[str, str | list[str]] = {"grant_type": grant_type}
         if grant_type == "refresh_token":
             if refresh_token is None:
                 raise ValueError("a refresh_token grant needs a refresh token")
             fields["refresh_token"] = refresh_token.reveal()
         if scope:
             fields["scope"] = scope
+        keyless = isinstance(client_secret, ClientKey)
+        params.add_to(fields, "form" if keyless else self.provider.token_request)
         headers, sent = self._client_auth(fields, client_id, client_secret)
         path = self.provider.token_path
-        if self.provider.token_request == "json" and not isinstance(client_secret, ClientKey):
+        if self.provider.token_request == "json" and not keyless:
             request = self._build(credential, "POST", path, json=fields, headers=headers)
         else:
             # RFC 7523 and RFC 8705 requests are form bodies (RFC 6749 §4.4.2).
@@ -127,8 +132,14 @@ class ProviderClient:
         )
         if 200 <= status < 300:
             return parse_token_response(body, credential)
-        with self._keyless_refusal(client_secret, client_id, credential, response_headers):
-            self._raise_for(path, status, response_headers, body, credential, (sent, refresh_token))
+        secrets = (sent, refresh_token, *params.secrets())
+        try:
+            with self._keyless_refusal(
+                client_secret, client_id, credential, status, response_headers
+            ):
+                self._raise_for(path, status, response_headers, body, credential, secrets)
+        except OAuthError as error:
+            raise params.blame(error) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def revoke_token(
@@ -151,7 +162,10 @@ class ProviderClient:
         path = self.provider.revoke_path
         if path is None:
             return False
-        fields = {"token": token.reveal(), "token_type_hint": token_type_hint}
+        fields: dict[str, str | list[str]] = {
+            "token": token.reveal(),
+            "token_type_hint": token_type_hint,
+        }
         headers, sent = self._client_auth(fields, client_id, client_secret)
         request = self._build(credential, "POST", path, data=fields, headers=headers)
         status, response_headers, body = await self._send(
@@ -191,7 +205,7 @@ class ProviderClient:
         return status
 
     def _client_auth(
-        self, fields: dict[str, str], client_id: str, client_secret: ClientSecret
+        self, fields: dict[str, str | list[str]], client_id: str, client_secret: ClientSecret
     ) -> tuple[dict[str, str], Secret | None]:
         """RFC 6749 §2.3.1 as configured (Basic, or client_id/client_secret added to
         `fields`), or a `ClientKey`'s way; the headers, and the secret sent (never echoed)."""
@@ -215,6 +229,7 @@ class ProviderClient:
         client: ClientSecret,
         client_id: str,
         credential: str,
+        status: int,
         headers: httpx.Headers,
     ) -> Iterator[None]:
         """A refusal of a key or certificate says what was sent (iss, aud, alg, kid) and, when
@@ -225,7 +240,6 @@ class ProviderClient:
         except ProviderError as error:
             if not isinstance(client, ClientKey) or error.retryable:
                 raise
-            status = getattr(error, "status", None)
             if isinstance(error, OAuthError):
                 code, said = error.error, error.description
             elif isinstance(error, MalformedResponse) and status in (401, 403):
@@ -267,8 +281,8 @@ class ProviderClient:
         method: str,
         path: str,
         *,
-        json: dict[str, str] | None = None,
-        data: dict[str, str] | None = None,
+        json: dict[str, str | list[str]] | None = None,
+        data: dict[str, str | list[str]] | None = None,
         headers: dict[str, str],
     ) -> httpx.Request:
         try:

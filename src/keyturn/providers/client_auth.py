@@ -70,7 +70,7 @@ class ClientKey:
     _context: list[ssl.SSLContext] = field(default_factory=list, compare=False, repr=False)
 
     def fields_for(
-        self, fields: dict[str, str], client_id: str, *, audience: str, now: float
+        self, fields: dict[str, str | list[str]], client_id: str, *, audience: str, now: float
     ) -> Secret | None:
         """Add this client's authentication to a request's `fields` (and, for a JWT bearer
         grant, its grant); returns the assertion sent, if any, so an error never quotes it."""

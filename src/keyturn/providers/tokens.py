@@ -46,13 +46,16 @@ MAX_EXPIRES_IN = 315_360_000
 
 @dataclass(frozen=True, slots=True)
 class TokenResponse:
-    """A parsed token response; `expires_in` is None when the server sent none."""
+    """A parsed token response; `expires_in` is None when the server sent none.
+    `refresh_expires_in`: the refresh token's lifetime where the server says it (Keycloak),
+    None when it sent none, 0 (Keycloak's "does not expire") or a value keyturn cannot read."""
 
     access_token: Secret
     token_type: str
     expires_in: float | None
     refresh_token: Secret | None
     scope: str | None
+    refresh_expires_in: float | None = None
 
 
 def _load_json(body: bytes) -> Any:
@@ -91,7 +94,19 @@ def _token(data: dict[str, Any], field: str, credential: str, *, required: bool)
     return value
 
 
-def _lifetime(expires_in: object, credential: str) -> float | None:
+def _refresh_lifetime(value: object, credential: str) -> float | None:
+    """refresh_expires_in, read as expires_in is; only informational (when a person must
+    consent again), so a value that cannot be read is ignored rather than costing the refresh
+    token that came with it."""
+    try:
+        return _lifetime(value, credential, "refresh_expires_in")
+    except MalformedResponse:
+        return None
+
+
+def _lifetime(
+    expires_in: object, credential: str, field: str = "expires_in"
+) -> float | None:
     """expires_in: a JSON number, or a string of ASCII digits; positive, at most ten years."""
     if expires_in is None:
         return None
@@ -100,15 +115,15 @@ def _lifetime(expires_in: object, credential: str) -> float | None:
         # More than 10 digits is above the maximum; int() of thousands of digits would raise.
         expires_in = int(digits) if len(digits) <= 10 else MAX_EXPIRES_IN + 1
     if isinstance(expires_in, bool) or not isinstance(expires_in, (int, float)):
-        raise MalformedResponse("not a number", field="expires_in", credential=credential)
+        raise MalformedResponse("not a number", field=field, credential=credential)
     # Compare before converting: float() of a huge int raises OverflowError.
     if not expires_in > 0 or (isinstance(expires_in, float) and math.isinf(expires_in)):
         raise MalformedResponse(
-            "must be a positive number of seconds", field="expires_in", credential=credential
+            "must be a positive number of seconds", field=field, credential=credential
         )
     if expires_in > MAX_EXPIRES_IN:
         raise MalformedResponse(
-            f"must be at most {MAX_EXPIRES_IN} seconds", field="expires_in", credential=credential
+            f"must be at most {MAX_EXPIRES_IN} seconds", field=field, credential=credential
         )
     return float(expires_in)
 
@@ -152,6 +167,7 @@ def parse_token_response(body: bytes, credential: str) -> TokenResponse:
         expires_in=lifetime,
         refresh_token=Secret(refresh_token) if refresh_token else None,
         scope=scope,
+        refresh_expires_in=_refresh_lifetime(data.get("refresh_expires_in"), credential),
     )
 
 

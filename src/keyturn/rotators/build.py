@@ -1,17 +1,20 @@
 """`build_rotator`: the rotator a `[[rotators]]` entry describes, ready to use (then `aclose`).
 
 An `http` rotator's `auth` reference is resolved here, once (a `SecretReferenceError` or a
-`VaultError` if it cannot be); nothing is run or contacted until a rotation needs it.
+`VaultError` if it cannot be); `auth = "credential:NAME"` is read at each call instead, from
+where that credential is published (the token keyturn keeps fresh). Nothing is run or
+contacted until a rotation needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import assert_never
 
 import httpx
 
 from keyturn.clock import Clock
+from keyturn.config.credential_auth import CredentialAuth
 from keyturn.config.schema import (
     ExecRotatorConfig,
     HttpRotatorConfig,
@@ -19,11 +22,13 @@ from keyturn.config.schema import (
     ProviderConfig,
     RotatorConfig,
 )
-from keyturn.references import ReferenceResolver
+from keyturn.errors import ConfigError, KeyturnError, RotationError
+from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.rotators.exec import ExecRotator
-from keyturn.rotators.http import HttpRotator
+from keyturn.rotators.http import HttpRotator, TokenSource
 from keyturn.rotators.manual import ManualRotator
+from keyturn.secret import Secret
 
 
 async def build_rotator(
@@ -34,12 +39,21 @@ async def build_rotator(
     clock: Clock,
     transport: httpx.AsyncBaseTransport | None = None,
     environ: Mapping[str, str] | None = None,
+    published: Callable[[str], SecretRef] | None = None,
 ) -> Rotator:
-    """The rotator for `config`. `transport` (http) and `environ` (exec: the environment the
-    command inherits, before keyturn's and Vault's variables are removed) are for tests."""
+    """The rotator for `config`. `published(name)`: where the credential `name`'s value is
+    published, for `auth = "credential:NAME"`. `transport` (http) and `environ` (exec: the
+    environment the command inherits, before keyturn's and Vault's variables are removed) are
+    for tests."""
     match config:  # one arm per rotator type: the one registration a new type needs here
         case HttpRotatorConfig():
-            auth = await resolver.resolve(config.auth) if config.auth is not None else None
+            auth: Secret | TokenSource | None = None
+            if isinstance(config.auth, CredentialAuth):
+                if published is None:
+                    raise ConfigError(f"rotators[{config.name!r}].auth: {config.auth} needs Vault")
+                auth = published_token(config.auth, published(config.auth.name), resolver)
+            elif config.auth is not None:
+                auth = await resolver.resolve(config.auth)
             return HttpRotator(
                 config, providers[config.provider], auth, transport=transport, clock=clock
             )
@@ -49,3 +63,20 @@ async def build_rotator(
             return ManualRotator(config)
         case _:  # pragma: no cover - the configuration admits no other type
             assert_never(config)
+
+
+def published_token(
+    auth: CredentialAuth, at: SecretRef, resolver: ReferenceResolver
+) -> TokenSource:
+    """Reads the token published at `at` for the credential `auth` names, afresh at each call
+    (it is refreshed on its own schedule); a failure names `auth`, never a value."""
+
+    async def read() -> Secret:
+        try:
+            return await resolver.resolve(at)
+        except KeyturnError as error:
+            raise RotationError(
+                f"auth: {auth}: no published token to use ({error.message})"
+            ) from error
+
+    return read

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import httpx
@@ -35,14 +36,19 @@ GONE = (404, 410)
 _ERROR_CODE = re.compile(r"[a-z]{2,20}(?:_[a-z]{2,20}){0,4}")
 
 
+# Where an `auth = "credential:NAME"` token comes from: read at each call.
+TokenSource = Callable[[], Awaitable[Secret]]
+
+
 class HttpRotator:
-    """Creates, revokes and finds keys through one provider's API. `aclose()` when done."""
+    """Creates, revokes and finds keys through one provider's API. `aclose()` when done.
+    `auth`: a value resolved once, or a `TokenSource` read before each call."""
 
     def __init__(
         self,
         config: HttpRotatorConfig,
         provider: ProviderConfig,
-        auth: Secret | None,
+        auth: Secret | TokenSource | None,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Clock | None = None,
@@ -50,6 +56,7 @@ class HttpRotator:
         self.name = config.name
         self.config = config
         self._auth = auth
+        self._sent_auth: Secret | None = None
         self._clock = clock or SystemClock()
         self._limit = provider.max_response_bytes
         self._timeout = provider.timeout
@@ -137,8 +144,9 @@ class HttpRotator:
     ) -> tuple[int, bytes]:
         values = self._values(request, key_id, call)
         headers = {"Cache-Control": "no-store"}
-        if self._auth is not None:
-            headers["Authorization"] = f"{self.config.auth_scheme} {self._auth.reveal()}"
+        auth = await self._current_auth(request)
+        if auth is not None:
+            headers["Authorization"] = f"{self.config.auth_scheme} {auth.reveal()}"
         content = None
         if call.body is not None:
             content = render_body(call.body, values).encode()
@@ -163,6 +171,17 @@ class HttpRotator:
             credential=request.credential,
         )
         return status, body
+
+    async def _current_auth(self, request: RotationRequest) -> Secret | None:
+        """The value to send now; a `TokenSource` is read afresh (and kept, so that an error
+        body echoing it is not shown)."""
+        if self._auth is None or isinstance(self._auth, Secret):
+            return self._auth
+        try:
+            self._sent_auth = await self._auth()
+        except RotationError as error:
+            raise self._error(f"rotators[{self.name!r}].{error.message}", request) from error
+        return self._sent_auth
 
     def _values(
         self, request: RotationRequest, key_id: str | None, call: HttpCall
@@ -205,7 +224,8 @@ class HttpRotator:
                 request,
             )
         code = _error_code(body)
-        if code and self._auth is not None and code in self._auth.reveal():
+        sent = self._auth if isinstance(self._auth, Secret) else self._sent_auth
+        if code and sent is not None and code in sent.reveal():
             code = None
         detail = f" ({code})" if code else ""
         raise self._error(f"{what}: unexpected HTTP {status}{detail}", request)

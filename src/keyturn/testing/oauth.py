@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ class FakeOAuthServer:
     lose_answers: int = 0
     reuse: int = 0  # used refresh tokens presented again (RFC 9700: the family is revoked)
     revoked: list[str] = field(default_factory=list)  # tokens revoked through /oauth/revoke
+    bodies: list[dict[str, object]] = field(default_factory=list)  # token requests, as sent
+    refresh_expires_in: object = None  # sent with each refresh token when set
+    # Set: access tokens are JWT-shaped (unsigned) with these claims, e.g. {"aud": "api"}.
+    access_claims: dict[str, object] | None = None
     _consumed: set[str] = field(default_factory=set)
     _counter: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -54,6 +59,7 @@ class FakeOAuthServer:
         return httpx.Response(200 if token in self.access_tokens else 401, json=[])
 
     def _token(self, body: dict[str, str]) -> httpx.Response:
+        self.bodies.append(dict(body))
         if self.next_responses:
             return self.next_responses.pop(0)
         self.grants.append(body["grant_type"])
@@ -71,6 +77,10 @@ class FakeOAuthServer:
             self._consumed.add(presented)
         n = next(self._counter)
         access = f"at-{n}-secretvalue"
+        if self.access_claims is not None:
+            header: dict[str, object] = {"alg": "none"}
+            access = ".".join(_b64(part) for part in (header, self.access_claims))
+            access += f".at-{n}-secretvalue"
         self.access_tokens.append(access)
         response: dict[str, object] = {"access_token": access, "token_type": "Bearer"}
         if self.expires_in is not None:
@@ -81,4 +91,10 @@ class FakeOAuthServer:
             refresh = f"rt-{n}-secretvalue"
             self.live_refresh.add(refresh)
             response["refresh_token"] = refresh
+            if self.refresh_expires_in is not None:
+                response["refresh_expires_in"] = self.refresh_expires_in
         return httpx.Response(200, json=response)
+
+
+def _b64(part: dict[str, object]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")

@@ -13,9 +13,11 @@ from typing import Any
 
 from keyturn.clock import Clock, rfc3339
 from keyturn.config import Config, HttpRotatorConfig
+from keyturn.config.credentials import INPUT_REFERENCES
 from keyturn.config.schema import UsageSettings
 from keyturn.events import Observer
 from keyturn.jobs.job import ConsumerHooks, ConsumersOnOld
+from keyturn.references import SecretRef
 from keyturn.usage.audit import AuditParser, Identity
 from keyturn.usage.detectors import DetectorSettings, source_down_alerts
 from keyturn.usage.layout import Layout, Watched
@@ -25,7 +27,7 @@ from keyturn.usage.sources import FileAuditSource, SocketAuditSource
 from keyturn.usage.tracker import UsageTracker
 
 # A credential's keys that may hold `vault:` references: keyturn's private inputs.
-INPUT_KEYS = ("client_id", "client_secret", "initial_key", "refresh_token")
+INPUT_KEYS = INPUT_REFERENCES
 
 
 def layout_of(config: Config) -> Layout:
@@ -41,7 +43,7 @@ def layout_of(config: Config) -> Layout:
                 inputs.append((credential.name, ref.mount, ref.path))
         rotator = config.rotator_of(credential)
         auth = rotator.auth if isinstance(rotator, HttpRotatorConfig) else None
-        if auth is not None and auth.scheme == "vault":
+        if isinstance(auth, SecretRef) and auth.scheme == "vault":
             inputs.append((credential.name, auth.mount, auth.path))
     return Layout(
         (Watched(c.name, c.provider, c.publish_to, c.consumers) for c in config.credentials),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+from pathlib import Path
 from typing import Any
 
 from cryptography import x509
@@ -73,6 +74,31 @@ def self_signed_certificate(
     )
     digest = None if isinstance(key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
     cert = builder.sign(key, digest)  # type: ignore[arg-type]
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def ca_signed_certificate(
+    key_pem: str, ca_cert: Path, ca_key: Path, *, common_name: str, days: float = 2
+) -> str:
+    """A client certificate for `key_pem`'s key, signed by a CA (tls_client_auth, RFC 8705
+    §2.1), with `common_name` as its subject."""
+    key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+    issuer = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(issuer.subject)
+        .public_key(key.public_key())  # type: ignore[arg-type]
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(signer, hashes.SHA256())  # type: ignore[arg-type]
+    )
     return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 

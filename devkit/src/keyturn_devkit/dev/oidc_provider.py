@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import shutil
+import ssl
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -111,6 +112,7 @@ class OidcProvider(ManagedServer):
     with a throwaway CA (`ca_cert`) and ask every client for a certificate (mTLS clients).
     `resources`: RFC 8707 resource indicators the provider knows (indicator -> {scope, ttl});
     every access token is a JWT for `default_resource` unless a request names another.
+    `service_accounts`: email -> JWKS, the keys `google_token_url` accepts assertions from.
     `registration`: RFC 7591/7592 dynamic registration (True: open; a string: the initial
     access token it needs), with registration access tokens rotated on each use."""
 
@@ -126,6 +128,8 @@ class OidcProvider(ManagedServer):
         default_resource: str = DEFAULT_RESOURCE,
         registration: bool | str = False,
         clock_tolerance: int = 5,
+        service_accounts: Mapping[str, Mapping[str, Any]] | None = None,
+        pki: ThrowawayPKI | None = None,
     ) -> None:
         self.workdir = workdir
         self.clients = [dict(c) for c in clients]
@@ -136,7 +140,8 @@ class OidcProvider(ManagedServer):
         self.default_resource = default_resource
         self.registration = registration
         self.clock_tolerance = clock_tolerance
-        self.pki: ThrowawayPKI | None = None
+        self.service_accounts = dict(service_accounts or {})
+        self.pki = pki  # with tls: made at start unless given (a test signs client certificates)
         self.issuer = ""
         self.resource_url = ""
         self._process: subprocess.Popen[bytes] | None = None
@@ -153,13 +158,18 @@ class OidcProvider(ManagedServer):
         return self.issuer + "/token"
 
     @property
+    def google_token_url(self) -> str:
+        """The harness's Google-style JWT bearer endpoint (`service_accounts` sign for it)."""
+        return self.issuer + "/__google/token"
+
+    @property
     def ca_cert(self) -> Path | None:
         return self.pki.ca_cert if self.pki else None
 
     @property
-    def verify(self) -> str | bool:
+    def verify(self) -> ssl.SSLContext | bool:
         """What an httpx client's `verify` should be to trust this server."""
-        return str(self.pki.ca_cert) if self.pki else True
+        return ssl.create_default_context(cafile=str(self.pki.ca_cert)) if self.pki else True
 
     def start(self, timeout: float = 60.0) -> OidcProvider:
         ensure_installed()
@@ -179,6 +189,7 @@ class OidcProvider(ManagedServer):
             "default_resource": self.default_resource,
             "clock_tolerance": self.clock_tolerance,
             "ready_file": str(ready),
+            "service_accounts": self.service_accounts,
             "tls": None
             if self.pki is None
             else {

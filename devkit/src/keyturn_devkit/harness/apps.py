@@ -19,6 +19,7 @@ Used by the fault-injection tests (tests/integration/test_faults.py); the simple
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -78,6 +79,8 @@ class AppSampler:
     mount: str = "secret"
     interval: float = 0.2
     probe: str = "/v1/projects"
+    verify: str | bool = True  # the service's CA (a path) where it is not publicly trusted
+    cert: tuple[str, str] | None = None  # a client certificate and key (bound tokens, RFC 8705)
     reads: list[AppRead] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -193,7 +196,14 @@ class _Clients:
     def __enter__(self) -> tuple[hvac.Client, httpx.Client]:
         s = self._sampler
         self._vault = hvac.Client(url=s.vault_address, token=s.vault_token, timeout=2)
-        self._http = httpx.Client(base_url=s.service_url, timeout=3.0)
+        tls = (
+            ssl.create_default_context(cafile=s.verify)
+            if isinstance(s.verify, str)
+            else httpx.create_ssl_context(verify=s.verify)
+        )
+        if s.cert is not None:
+            tls.load_cert_chain(*s.cert)
+        self._http = httpx.Client(base_url=s.service_url, timeout=3.0, verify=tls)
         return self._vault, self._http
 
     def __exit__(self, *exc: object) -> None:

@@ -19,7 +19,7 @@ from keyturn.logs import get_logger
 from keyturn.secret import Secret
 from keyturn_devkit.sandbox import actions
 from keyturn_devkit.sandbox.context import SANDBOX, Sandbox
-from keyturn_devkit.sandbox.model import NotFound, OAuthFailure
+from keyturn_devkit.sandbox.model import BearerRejected, NotFound, OAuthFailure
 from keyturn_devkit.sandbox.wire import (
     NO_STORE,
     bearer_challenge,
@@ -52,7 +52,7 @@ def guarded(handler: AdminHandler) -> Handler:
     async def wrapper(request: web.Request) -> web.Response:
         sandbox = request.app[SANDBOX]
         value, _ = bearer_value(request.headers.get("Authorization"))
-        if not admin_token_matches(sandbox, value):
+        if not admin_token_matches(sandbox, value) and not _admin_scoped(sandbox, value):
             response = _error(401, "invalid_token", "admin token required")
             challenge = bearer_challenge("invalid_token", "admin token required")
             response.headers["WWW-Authenticate"] = challenge.replace(
@@ -69,6 +69,19 @@ def guarded(handler: AdminHandler) -> Handler:
             return _error(404, "not_found", str(exc))
 
     return wrapper
+
+
+def _admin_scoped(sandbox: Sandbox, value: str | None) -> bool:
+    """Whether `value` is a live access token with the `admin_scope` setting's scope."""
+    scope = sandbox.state.settings.admin_scope
+    if value is None or not scope:
+        return False
+    try:
+        principal = sandbox.state.authenticate_bearer(value)
+    except BearerRejected:
+        return False
+    granted = principal.scope.split() if principal.scope is not None else []
+    return principal.kind == "access_token" and scope in granted
 
 
 async def _body(request: web.Request, sandbox: Sandbox) -> dict[str, Any]:

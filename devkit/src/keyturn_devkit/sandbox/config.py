@@ -64,6 +64,19 @@ class Settings:
     # Behaviours of some real providers (django-oauth-toolkit, for one), off by default.
     revoke_previous_access_token_on_refresh: bool = False
     invalid_token_status: int = 401
+    # The token endpoint as identity servers other than the spec's have it (RFC 8707 and
+    # Keycloak's answers), off by default: the `audience`/`resource` values it accepts (empty:
+    # any), unknown parameters refused, access tokens shaped as JWTs carrying `aud`,
+    # `refresh_expires_in` in answers, and an absolute refresh-token family lifetime.
+    allowed_targets: tuple[str, ...] = ()
+    refuse_unknown_parameters: bool = False
+    jwt_access_tokens: bool = False
+    include_refresh_expires_in: bool = False
+    refresh_token_family_lifetime: int | None = None
+    # An access token carrying this scope may call the admin API as the admin token does (as
+    # a Keycloak client with realm-management roles may manage other clients). None: only the
+    # admin token.
+    admin_scope: str | None = None
     rate_limits: Mapping[str, RateLimit] = field(default_factory=lambda: MappingProxyType({}))
 
     def to_json(self) -> dict[str, Any]:
@@ -126,6 +139,13 @@ def _token_type(problems: Problems, key: str, value: Any) -> str | None:
     return value
 
 
+def _targets(problems: Problems, key: str, value: Any) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        problems.add(key, "an array of audience or resource URIs", value)
+        return None
+    return tuple(value)
+
+
 _Checker = Callable[[Problems, str, Any], Any]
 _YEAR = 366 * 86400
 _CHECKS: Mapping[str, _Checker] = MappingProxyType(
@@ -142,9 +162,15 @@ _CHECKS: Mapping[str, _Checker] = MappingProxyType(
         "access_log": check_bool,
         "revoke_previous_access_token_on_refresh": check_bool,
         "invalid_token_status": _invalid_token_status,
+        "allowed_targets": _targets,
+        "refuse_unknown_parameters": check_bool,
+        "jwt_access_tokens": check_bool,
+        "include_refresh_expires_in": check_bool,
+        "refresh_token_family_lifetime": lambda p, k, v: check_int(p, k, v, 1, 10 * _YEAR),
+        "admin_scope": check_scope,
     }
 )
-_NULLABLE = frozenset({"scope_override"})
+_NULLABLE = frozenset({"scope_override", "refresh_token_family_lifetime", "admin_scope"})
 
 
 def _rate_limits(

@@ -7,7 +7,9 @@ responses and logs may show. Values exist only as `Secret` on their way out, onc
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,6 +27,26 @@ PREFIX_ADMIN_TOKEN = "ktsb_admin_"
 
 def new_secret(prefix: str) -> Secret:
     return Secret(prefix + secrets.token_urlsafe(32))
+
+
+def jwt_shaped(
+    value: Secret, client_id: str, aud: tuple[str, ...], now: float, lifetime: int
+) -> Secret:
+    """An access token shaped as an RFC 9068 JWT, unsigned, whose claims carry `aud` (so a
+    client can learn what it was granted); its third part is the opaque `value`, so it is as
+    hard to guess as an opaque token."""
+    header = {"typ": "at+jwt", "alg": "none"}
+    claims = {
+        "iss": "keyturn-sandbox",
+        "sub": client_id,
+        "client_id": client_id,
+        "aud": aud[0] if len(aud) == 1 else list(aud),
+        "iat": int(now),
+        "exp": int(now + lifetime),
+    }
+    parts = (json.dumps(part, separators=(",", ":")).encode() for part in (header, claims))
+    encoded = [base64.urlsafe_b64encode(part).decode().rstrip("=") for part in parts]
+    return Secret(f"{encoded[0]}.{encoded[1]}.{value.reveal()}")
 
 
 def new_id(prefix: str) -> str:
@@ -176,6 +198,10 @@ class TokenFamily:
     client_id: str
     revoked_at: float | None = None
     revoke_reason: str | None = None
+    # What the grant that began it asked for (`audience`, `resource`: a JWT access token's
+    # `aud`), and when it began (the absolute lifetime counts from it).
+    audience: tuple[str, ...] = ()
+    started_at: float = 0.0
     # The access token issued last in this family: the one a refresh revokes when the
     # setting `revoke_previous_access_token_on_refresh` is on.
     latest_access: IssuedToken | None = field(default=None, repr=False)
@@ -239,6 +265,7 @@ class Grant:
     scope: str
     refresh_token: Secret | None
     family_id: str
+    refresh_expires_in: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -249,6 +276,8 @@ class Grant:
             body["expires_in"] = self.expires_in
         if self.refresh_token is not None:
             body["refresh_token"] = self.refresh_token.reveal()
+            if self.refresh_expires_in is not None:
+                body["refresh_expires_in"] = self.refresh_expires_in
         body["scope"] = self.scope
         return body
 

@@ -19,15 +19,48 @@ from keyturn_devkit.sandbox.wire import (
     json_response,
     oauth_error,
     parse_params,
+    parse_token_params,
     read_body,
 )
 
 GRANT_TYPES = ("client_credentials", "refresh_token")
+# What the token endpoint knows; with `refuse_unknown_parameters`, anything else is refused.
+TOKEN_PARAMETERS = frozenset(
+    {"grant_type", "client_id", "client_secret", "scope", "refresh_token", "audience"}
+)
 
 
 async def _params(request: web.Request, sandbox: Sandbox) -> dict[str, str]:
     body = await read_body(request, sandbox.state.settings.max_body_bytes)
     return parse_params(body, request.headers.get("Content-Type", ""))
+
+
+async def _token_params(
+    request: web.Request, sandbox: Sandbox
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    body = await read_body(request, sandbox.state.settings.max_body_bytes)
+    return parse_token_params(body, request.headers.get("Content-Type", ""))
+
+
+def _targets(
+    sandbox: Sandbox, params: dict[str, str], resources: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The `audience` and RFC 8707 `resource` values asked for, each one the settings allow
+    (`invalid_target` naming the parameter otherwise), and no parameter it does not know when
+    `refuse_unknown_parameters` is on (`invalid_request` naming it)."""
+    settings = sandbox.state.settings
+    if settings.refuse_unknown_parameters:
+        unknown = sorted(set(params) - TOKEN_PARAMETERS)
+        if unknown:
+            raise OAuthFailure("invalid_request", f"unknown parameter {unknown[0]}")
+    audience = params.get("audience")
+    asked = ((("audience", audience),) if audience else ()) + tuple(
+        ("resource", r) for r in resources
+    )
+    for name, value in asked:
+        if settings.allowed_targets and value not in settings.allowed_targets:
+            raise OAuthFailure("invalid_target", f"{name} is not one this server serves")
+    return tuple(dict.fromkeys(value for _, value in asked))
 
 
 def _authenticate(request: web.Request, sandbox: Sandbox, params: dict[str, str]) -> OAuthApp:
@@ -70,7 +103,7 @@ def _requested_scope(params: dict[str, str]) -> str | None:
 async def token(request: web.Request) -> web.Response:
     sandbox = request.app[SANDBOX]
     try:
-        params = await _params(request, sandbox)
+        params, resources = await _token_params(request, sandbox)
         grant_type = params.get("grant_type")
         if not grant_type:
             raise OAuthFailure("invalid_request", "grant_type is required")
@@ -82,13 +115,14 @@ async def token(request: web.Request) -> web.Response:
         request["grant_type"] = grant_type
         app = _authenticate(request, sandbox, params)
         scope = _requested_scope(params)
+        targets = _targets(sandbox, params, resources)
         if grant_type == "client_credentials":
-            grant = sandbox.state.grant_client_credentials(app, scope)
+            grant = sandbox.state.grant_client_credentials(app, scope, targets)
         else:
             refresh_token = params.get("refresh_token")
             if not refresh_token:
                 raise OAuthFailure("invalid_request", "refresh_token is required")
-            grant = sandbox.state.grant_refresh_token(app, Secret(refresh_token), scope)
+            grant = sandbox.state.grant_refresh_token(app, Secret(refresh_token), scope, targets)
     except OAuthFailure as failure:
         request["oauth_error"] = failure.error
         return oauth_error(failure)

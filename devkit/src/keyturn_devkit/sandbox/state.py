@@ -31,6 +31,7 @@ from keyturn_devkit.sandbox.model import (
     Principal,
     TokenFamily,
     digest,
+    jwt_shaped,
     new_id,
     new_secret,
 )
@@ -193,15 +194,26 @@ class SandboxState:
             return requested
         return allowed
 
-    def grant_client_credentials(self, app: OAuthApp, scope: str | None = None) -> Grant:
+    def grant_client_credentials(
+        self, app: OAuthApp, scope: str | None = None, audience: tuple[str, ...] = ()
+    ) -> Grant:
         allowed = app.scope if app.scope is not None else self.settings.default_scope
         granted = self._granted_scope(allowed, scope)
-        family = TokenFamily(f"fam_{next(self._serial):08x}", app.client_id)
+        family = TokenFamily(
+            f"fam_{next(self._serial):08x}",
+            app.client_id,
+            audience=audience,
+            started_at=self.clock.time(),
+        )
         refresh = self.settings.issue_refresh_token_for_client_credentials
         return self._issue(family, granted, with_refresh=refresh)
 
     def grant_refresh_token(
-        self, app: OAuthApp, refresh_token: Secret, scope: str | None = None
+        self,
+        app: OAuthApp,
+        refresh_token: Secret,
+        scope: str | None = None,
+        audience: tuple[str, ...] = (),
     ) -> Grant:
         """Exchange a refresh token once; a second exchange is theft and revokes the family."""
         now = self.clock.time()
@@ -229,14 +241,24 @@ class SandboxState:
             # even though its lifetime is not over.
             previous.revoked_at = now
             previous.reason = "replaced at refresh"
-        return self._issue(token.family, granted, with_refresh=True)
+        return self._issue(token.family, granted, with_refresh=True, audience=audience)
 
-    def _issue(self, family: TokenFamily, scope: str, *, with_refresh: bool) -> Grant:
+    def _issue(
+        self,
+        family: TokenFamily,
+        scope: str,
+        *,
+        with_refresh: bool,
+        audience: tuple[str, ...] = (),
+    ) -> Grant:
         settings = self.settings
         now = self.clock.time()
         self._maybe_prune(now)
         scope = settings.scope_override if settings.scope_override is not None else scope
         access = new_secret(PREFIX_ACCESS_TOKEN)
+        if settings.jwt_access_tokens:
+            aud = audience or family.audience or (family.client_id,)
+            access = jwt_shaped(access, family.client_id, aud, now, settings.access_token_lifetime)
         family.latest_access = self._store(
             table=self._access,
             kind="access",
@@ -246,6 +268,10 @@ class SandboxState:
             lifetime=settings.access_token_lifetime,
         )
         refresh: Secret | None = None
+        refresh_lifetime = settings.refresh_token_lifetime
+        if settings.refresh_token_family_lifetime is not None:
+            left = family.started_at + settings.refresh_token_family_lifetime - now
+            refresh_lifetime = max(1, min(refresh_lifetime, int(left)))
         if with_refresh:
             refresh = new_secret(PREFIX_REFRESH_TOKEN)
             self._store(
@@ -254,7 +280,7 @@ class SandboxState:
                 value=refresh,
                 family=family,
                 scope=scope,
-                lifetime=settings.refresh_token_lifetime,
+                lifetime=refresh_lifetime,
             )
         return Grant(
             access_token=access,
@@ -263,6 +289,7 @@ class SandboxState:
             scope=scope,
             refresh_token=refresh,
             family_id=family.family_id,
+            refresh_expires_in=refresh_lifetime if settings.include_refresh_expires_in else None,
         )
 
     def _store(

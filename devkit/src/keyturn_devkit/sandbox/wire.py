@@ -91,26 +91,50 @@ def parse_params(body: bytes, content_type: str) -> dict[str, str]:
     The spec sends JSON "as the request data" and does not show a content type, so a body
     without one (or `text/plain`) is JSON if it starts with `{`, else a form.
     """
+    return _single(_pairs(body, content_type))
+
+
+def parse_token_params(body: bytes, content_type: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """A token request's parameters and its RFC 8707 `resource` values: the one parameter
+    that may repeat in a form (§2), or be a JSON array of strings."""
+    pairs = _pairs(body, content_type)
+    resources: list[str] = []
+    for name, value in pairs:
+        if name != "resource":
+            continue
+        values = value if isinstance(value, list) else [value]
+        uris = [v for v in values if isinstance(v, str) and v]
+        if not values or len(uris) != len(values):
+            raise OAuthFailure("invalid_request", "resource must be a URI or an array of URIs")
+        resources.extend(uris)
+    return _single([(n, v) for n, v in pairs if n != "resource"]), tuple(resources)
+
+
+def _single(pairs: list[tuple[str, object]]) -> dict[str, str]:
+    """Each parameter once (RFC 6749 §3.2: parameters MUST NOT repeat), a string."""
+    bad = sorted({name for name, value in pairs if not isinstance(value, str)})
+    if bad:
+        raise OAuthFailure("invalid_request", f"parameters must be strings: {', '.join(bad)}")
+    params: dict[str, str] = {}
+    for name, value in pairs:
+        if name in params:
+            raise OAuthFailure("invalid_request", f"parameter {name} is repeated")
+        params[name] = str(value)
+    return params
+
+
+def _pairs(body: bytes, content_type: str) -> list[tuple[str, object]]:
     kind = content_type.split(";", 1)[0].strip().lower()
     if kind in ("", "text/plain"):
         kind = "application/json" if body.lstrip().startswith(b"{") else _FORM
     if kind == "application/json":
-        data = parse_json_object(body)
-        bad = sorted(k for k, v in data.items() if not isinstance(v, str))
-        if bad:
-            raise OAuthFailure("invalid_request", f"parameters must be strings: {', '.join(bad)}")
-        return data
+        return list(parse_json_object(body).items())
     if kind == _FORM:
         try:
             pairs = parse_qsl(_decode(body), keep_blank_values=True, strict_parsing=bool(body))
         except ValueError:
             raise OAuthFailure("invalid_request", "body is not a valid form encoding") from None
-        params: dict[str, str] = {}
-        for name, value in pairs:
-            if name in params:  # RFC 6749 §3.2: parameters MUST NOT repeat
-                raise OAuthFailure("invalid_request", f"parameter {name} is repeated")
-            params[name] = value
-        return params
+        return list(pairs)
     raise OAuthFailure(
         "invalid_request",
         f"unsupported content type {kind!r}: send application/json or {_FORM}",

@@ -27,10 +27,17 @@ from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
 from keyturn.jobs.rotation import KeyRotation, RotationRules
 from keyturn.jobs.steps import verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
-from keyturn.kinds.oauth_client.refresh import NAME, ProbeAgain, TokenRefresh, published_fields
+from keyturn.kinds.oauth_client.refresh import (
+    NAME,
+    ProbeAgain,
+    TokenRefresh,
+    published_fields,
+    token_params,
+)
 from keyturn.logs import get_logger
 from keyturn.providers.client import ClientSecret, ProviderClient
 from keyturn.providers.client_auth import ClientKey, resolve_keyless
+from keyturn.providers.params import TokenParams
 from keyturn.providers.tokens import TokenResponse
 from keyturn.references import SecretRef
 from keyturn.rotators.base import Rotator
@@ -55,10 +62,12 @@ class ClientSecretTarget:
         self._client = client
         self._inputs = inputs
         self._observer = deps.observer
+        self._resolve = deps.resolver.resolve
 
     async def verify(self, key: Secret) -> None:
         name, probe = self.credential.name, self.credential.probe
         the_id = await self._client_id()
+        params = await token_params(self.credential, self._resolve)
         try:
             token = await self._client.request_token(
                 name,
@@ -66,6 +75,7 @@ class ClientSecretTarget:
                 client_id=the_id,
                 client_secret=key,
                 scope=self.credential.scope,
+                params=params,
             )
         except OAuthError as error:
             if error.error not in ("invalid_client", "unauthorized_client"):
@@ -174,6 +184,7 @@ async def live_check(
         client_id = (await resolve(credential.client_id)).reveal()
         # After a client-secret rotation the current secret lives in the state, not the input.
         secret = rotated or await resolve(credential.client_secret)
+    params = await token_params(credential, resolve)
     try:
         token = await client.request_token(
             credential.name,
@@ -181,6 +192,7 @@ async def live_check(
             client_id=client_id,
             client_secret=secret,
             scope=credential.scope,
+            params=params,
         )
     except OAuthError as error:
         if error.error != "invalid_client" and error.status != 401:
@@ -191,13 +203,19 @@ async def live_check(
             ) from None
         refusal = _refusal(credential, state, error.error, rotated=rotated is not None)
         raise ProviderError(refusal, credential=credential.name) from None
+    accepted = _accepted(params)
     try:
         if not credential.probe:
-            return "token issued (no probe configured)"
+            return f"token issued{accepted} (no probe configured)"
         await probe_value(credential, client, token.access_token, "a token issued just now")
-        return f"token issued and accepted by probe {credential.probe}"
+        return f"token issued{accepted} and accepted by probe {credential.probe}"
     finally:
         await revoke_verification_grant(client, credential.name, token, client_id, secret)
+
+
+def _accepted(params: TokenParams) -> str:
+    """For `check --live`: which of the credential's own parameters the server took."""
+    return f" with {', '.join(params.keys())} accepted" if params else ""
 
 
 def _refusal(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from keyturn.clock import rfc3339
@@ -44,7 +45,13 @@ from keyturn.errors import (
     SecretReferenceError,
     VerificationFailed,
 )
-from keyturn.events import Published, RetryAfterBounded, Suspicious, TokenRequest
+from keyturn.events import (
+    Published,
+    RefreshTokenPlanned,
+    RetryAfterBounded,
+    Suspicious,
+    TokenRequest,
+)
 from keyturn.jobs.job import Inputs, JobDeps, Journal
 from keyturn.jobs.steps import (
     input_error,
@@ -58,7 +65,9 @@ from keyturn.logs import get_logger
 from keyturn.policy import refresh_due, retry_delay, token_left
 from keyturn.providers.client import ClientSecret, GrantType, ProviderClient
 from keyturn.providers.client_auth import ClientKey
+from keyturn.providers.params import TokenParams, token_audience
 from keyturn.providers.tokens import TokenResponse
+from keyturn.references import SecretRef
 from keyturn.secret import Secret
 from keyturn.state import (
     CredentialState,
@@ -151,8 +160,62 @@ PROBE_PAUSES = (0.5, 1.0)
 UNVERIFIED_RECHECK = 30.0
 
 
+# Two reports of a refresh token's end this close together are the same end (the server
+# counts `refresh_expires_in` from its own clock, keyturn from when it sent the request).
+SAME_END = 5.0
+
+
 def _scopes(scope: str | None) -> frozenset[str]:
     return frozenset(scope.split()) if scope else frozenset()
+
+
+async def token_params(
+    credential: CredentialConfig, resolve: Callable[[SecretRef], Awaitable[Secret]]
+) -> TokenParams:
+    """The credential's own token-request parameters, `token_params` references read afresh
+    (one that cannot be read is an error naming the credential and the key)."""
+    extra = []
+    for name, ref in credential.token_params:
+        try:
+            extra.append((name, await resolve(ref)))
+        except KeyturnError as error:
+            raise input_error(error, credential.name, f"token_params.{name}") from error
+    return TokenParams(credential.audience, credential.resource, tuple(extra))
+
+
+def _joined(audience: tuple[str, ...] | None) -> str | None:
+    """An `aud` claim as the record keeps it: its values sorted, space-separated."""
+    return " ".join(sorted(audience)) if audience else None
+
+
+def _shown(audience: tuple[str, ...]) -> str:
+    """A server's `aud` values for a message: a few, each cut short (the server chose them)."""
+    values = [value if len(value) <= 100 else value[:97] + "..." for value in sorted(audience)]
+    more = f" and {len(values) - 5} more" if len(values) > 5 else ""
+    return f"{values[:5]}{more}"
+
+
+def _family(
+    held: RefreshTokenRecord, token: TokenResponse, requested_at: float, refreshed: bool
+) -> RefreshTokenRecord:
+    """The refresh-token record's family fields after an answer: a refresh keeps the family
+    (a record from before keyturn tracked it starts counting now), a client_credentials grant
+    that returns a refresh token starts a new one. An end reported again within SAME_END keeps
+    the first report, so an absolute end reads as one fixed time."""
+    if token.refresh_token is None and not refreshed:
+        return held
+    started = held.family_started if refreshed and held.family_started is not None else None
+    expires_at = None
+    if token.refresh_expires_in is not None:
+        expires_at = requested_at + token.refresh_expires_in
+        previous = held.expires_at if refreshed else None
+        if previous is not None and previous <= expires_at <= previous + SAME_END:
+            expires_at = previous
+    elif token.refresh_token is None:
+        expires_at = held.expires_at  # the same refresh token, its end unchanged
+    return replace(
+        held, expires_at=expires_at, family_started=requested_at if started is None else started
+    )
 
 
 def _not_used(state: CredentialState) -> CredentialState:
@@ -185,6 +248,11 @@ class TokenRefresh:
         self._clock = deps.clock
         self._rng = deps.rng
         self._instance = deps.instance_id
+        self._resolve = deps.resolver.resolve
+        # The provider's absolute refresh-token family lifetime, and the family end last
+        # reported (`RefreshTokenPlanned`); False: none reported yet.
+        self._max_family = client.provider.refresh_token_max_lifetime
+        self._reported_end: float | bool | None = False
         self._confirmed_version: int | None = None  # published version known to be ours
         # The custom metadata known to be at publish_to, and the KV version it was seen (read
         # or written) at: a publish on top of that version writes it only if it differs.
@@ -195,6 +263,7 @@ class TokenRefresh:
         self._unsent: str | None = None
 
     async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        self._report_family_end(state)
         token = state.token
         if force:
             # An operator's refresh, or the watcher's republish (which may answer custom
@@ -219,6 +288,14 @@ class TokenRefresh:
             self._confirmed_version = token.published_version
         return token.next_due
 
+    def _report_family_end(self, state: CredentialState) -> None:
+        """Tell observers when the held refresh token's family ends, when that changed."""
+        ends = state.refresh.family_ends_at(self._max_family)
+        if ends != self._reported_end:
+            self._reported_end = ends
+            name, provider = self.credential.name, self.credential.provider
+            self._observer(RefreshTokenPlanned(name, provider, NAME, ends))
+
     def accept_refresh_token(self, journal: Journal, token: Secret) -> None:
         """`keyturn import-refresh-token`: under the lease, put `token` in the record (the job
         stores it before the run goes on); the forced run that follows refreshes with it. A
@@ -235,7 +312,13 @@ class TokenRefresh:
             else:
                 also_revoke = previous
         self._import = PendingImport(restore=held, also_revoke=also_revoke)
-        imported = replace(held, token=token, burned=burned, refused_at=None)
+        imported = replace(
+            held.dropped(),
+            token=token,
+            burned=burned,
+            refused_at=None,
+            family_started=self._clock.time(),  # consent was given no later than this
+        )
         journal.stage(replace(journal.state, refresh=imported))
 
     async def step(self, journal: Journal) -> str:
@@ -419,6 +502,7 @@ class TokenRefresh:
             next_due=next_due,
             phase="ok",
             verify_at=None,
+            audience=_joined(token_audience(token.access_token)),
         )
 
     async def _store_answer(
@@ -437,6 +521,9 @@ class TokenRefresh:
         # Holding a refresh token again ends a refusal (see _seed_from_input).
         refused = state.refresh.refused_at if refresh_token is None else None
         stored = replace(state.refresh, token=refresh_token, in_flight=None, refused_at=refused)
+        stored = _family(
+            stored, answer.token, answer.requested_at, refreshed=answer.attempt is not None
+        )
         if stored == state.refresh:
             # No refresh token came or went (client_credentials without one): nothing to make
             # durable first; the record is written once the token is published. The run holds
@@ -510,6 +597,7 @@ class TokenRefresh:
             and granted != _scopes(state.token.scope)
         ):
             problems.append("scope differs from the previous token's")
+        problems += self._audience_drift(state, token)
         previous = state.token
         if previous.issued_at is not None and previous.expires_at is not None:
             usual = previous.expires_at - previous.issued_at
@@ -525,6 +613,20 @@ class TokenRefresh:
                     "; ".join(problems),
                 )
             )
+
+    def _audience_drift(self, state: CredentialState, token: TokenResponse) -> list[str]:
+        """Grant drift in the `aud` of a JWT access token (opaque tokens say nothing): the
+        `audience` asked for missing from it, or it differs from the previous token's."""
+        granted = token_audience(token.access_token)
+        if granted is None:
+            return []
+        asked, shown = self.credential.audience, _shown(granted)
+        if asked is not None and asked not in granted:
+            return [f"aud {shown} does not include the audience asked for ({asked!r})"]
+        previous = state.token.audience
+        if previous is not None and previous != _joined(granted):
+            return [f"aud {shown} differs from the previous token's ({previous[:200]!r})"]
+        return []
 
     def defers_lease(self, state: CredentialState) -> bool:
         """With a refresh token held, the first write is its in-flight mark, stored before the
@@ -631,7 +733,7 @@ class TokenRefresh:
                     )
                 )
                 refused = replace(
-                    state.refresh, token=None, in_flight=None, refused_at=self._clock.time()
+                    state.refresh.dropped(), in_flight=None, refused_at=self._clock.time()
                 )
                 state = journal.stage(replace(state, refresh=refused))
                 if attempt_number == 0:
@@ -682,7 +784,11 @@ class TokenRefresh:
             return state
         log.info("refresh_token.seeded", credential=self.credential.name, after_refusal=refused)
         seed = replace(
-            state.refresh, token=value, input_fingerprint=fingerprint(value), refused_at=None
+            state.refresh.dropped(),
+            token=value,
+            input_fingerprint=fingerprint(value),
+            refused_at=None,
+            family_started=self._clock.time(),  # consent was given no later than this
         )
         return journal.stage(replace(state, refresh=seed))
 
@@ -701,6 +807,8 @@ class TokenRefresh:
                 burned=before.burned,
                 refused_at=before.refused_at,
                 in_flight=None,
+                expires_at=before.expires_at,
+                family_started=before.family_started,
             ),
         )
         refusal = f"the provider refused the imported refresh token ({error.message})"
@@ -767,6 +875,7 @@ class TokenRefresh:
                 client_secret=client_secret,
                 refresh_token=refresh_token,
                 scope=self.credential.scope,
+                params=await token_params(self.credential, self._resolve),
             )
             self._failed_at = None
             self._recovery.answered(self.credential.name, self._clock.time())
@@ -779,7 +888,10 @@ class TokenRefresh:
                 TokenRequest(
                     self.credential.name,
                     self.credential.provider,
-                    grant_type,
+                    # A JWT bearer grant stands where client credentials would.
+                    "jwt_bearer"
+                    if grant_type == "client_credentials" and self.credential.grant == "jwt_bearer"
+                    else grant_type,
                     outcome,
                     self._clock.monotonic() - started,
                 )

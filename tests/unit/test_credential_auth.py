@@ -1,0 +1,186 @@
+"""`auth = "credential:NAME"`: an http rotator authenticated with the token keyturn keeps for
+another credential. At load: an unknown name and a loop are refused, one line each. At run
+time: the token is read from where that credential is published, afresh at each call."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from keyturn.clock import FakeClock
+from keyturn.config import parse_config
+from keyturn.config.credential_auth import CredentialAuth
+from keyturn.errors import ConfigError, RotationError
+from keyturn.kinds.registry import published_value
+from keyturn.references import ReferenceResolver, SecretRef
+from keyturn.rotators.base import RotationRequest
+from keyturn.rotators.build import build_rotator
+from keyturn.rotators.http import HttpRotator
+from keyturn.testing.vault import FakeVaultStore
+from keyturn_devkit.harness.configs import VAULT
+
+PROVIDER = """
+[[providers]]
+name = "kc"
+base_url = "https://kc.example.com"
+"""
+
+
+def rotator(name: str, auth: str) -> str:
+    return f"""
+[[rotators]]
+name = "{name}"
+type = "http"
+provider = "kc"
+auth = "{auth}"
+create = {{ path = "/clients/{{client_id}}/client-secret", value = "/value", id = "/id" }}
+revoke = {{ path = "/secrets/{{key_id}}" }}
+"""
+
+
+def credential(name: str, rotated_by: str | None = None) -> str:
+    rotation = f'rotation = {{ max_age = "30d", rotator = "{rotated_by}" }}\n' if rotated_by else ""
+    return f"""
+[[credentials]]
+name = "{name}"
+provider = "kc"
+kind = "oauth_client"
+client_id = "{name}-app"
+client_secret = "env:{name.upper().replace("-", "_")}_SECRET"
+publish_to = "apps/{name}/kc"
+{rotation}"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(VAULT + PROVIDER + text, "k.toml", {})
+    return caught.value.problems
+
+
+def test_a_credential_auth_loads() -> None:
+    text = rotator("kc-secrets", "credential:kc-admin")
+    text += credential("kc-admin") + credential("billing", "kc-secrets")
+    config = parse_config(VAULT + PROVIDER + text, "k.toml", {})
+    auth = config.rotators["kc-secrets"].auth  # type: ignore[union-attr]
+    assert auth == CredentialAuth("kc-admin")
+    assert str(auth) == "credential:kc-admin"
+    assert published_value(config, "kc-admin") == SecretRef.vault(
+        "secret", "apps/kc-admin/kc", "access_token"
+    )
+
+
+def test_an_unknown_credential_is_refused_naming_it() -> None:
+    [line] = problems(rotator("kc-secrets", "credential:nobody") + credential("billing"))
+    assert line == (
+        'k.toml: rotators["kc-secrets"].auth: names credential "nobody", which is not a '
+        '[[credentials]] entry; expected one of: "billing"'
+    )
+
+
+@pytest.mark.parametrize("value", ["credential:", "credential:Bad Name", "inline-token"])
+def test_a_malformed_auth_is_refused(value: str) -> None:
+    [line] = problems(rotator("kc-secrets", value) + credential("billing"))
+    assert line.startswith('k.toml: rotators["kc-secrets"].auth: ')
+    assert 'or "credential:<name>"' in line
+    assert "inline-token" not in line  # a pasted secret is never echoed
+
+
+def test_a_loop_is_refused_in_one_line_naming_it() -> None:
+    text = rotator("by-b", "credential:b") + rotator("by-a", "credential:a")
+    text += credential("a", "by-b") + credential("b", "by-a") + credential("c", "by-a")
+    [line] = problems(text)
+    assert line == (
+        'k.toml: credentials["a"].rotation.rotator: authenticates through a loop of '
+        "credentials: a -> b -> a (each one's rotator uses the token of the next); expected a "
+        "chain that ends in a credential authenticated otherwise"
+    )
+
+
+def test_a_credential_rotated_with_its_own_token_is_a_loop() -> None:
+    [line] = problems(rotator("self", "credential:a") + credential("a", "self"))
+    assert "a loop of credentials: a -> a " in line
+
+
+def test_a_chain_is_not_a_loop() -> None:
+    text = rotator("by-b", "credential:b") + rotator("by-c", "credential:c")
+    text += credential("a", "by-b") + credential("b", "by-c") + credential("c")
+    parse_config(VAULT + PROVIDER + text, "k.toml", {})
+
+
+# -- at run time -----------------------------------------------------------------------------
+
+CONFIG = parse_config(
+    VAULT + PROVIDER + rotator("kc-secrets", "credential:kc-admin") + credential("kc-admin"),
+    "k.toml",
+    {},
+)
+REQUEST = RotationRequest("billing", "oauth_client", "r1", "keyturn-billing-r1", "billing-app")
+
+
+async def built(
+    store: FakeVaultStore,
+    seen: list[httpx.Request],
+    answer: httpx.Response | None = None,
+) -> HttpRotator:
+    created = httpx.Response(201, json={"value": "new-secret-value", "id": "s1"})
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer or created
+
+    made = await build_rotator(
+        CONFIG.rotators["kc-secrets"],
+        providers=CONFIG.providers,
+        resolver=ReferenceResolver({}, store),
+        clock=FakeClock(),
+        transport=httpx.MockTransport(handle),
+        published=lambda name: published_value(CONFIG, name),
+    )
+    assert isinstance(made, HttpRotator)
+    return made
+
+
+async def test_the_token_is_read_afresh_at_each_call() -> None:
+    store = FakeVaultStore()
+    seen: list[httpx.Request] = []
+    made = await built(store, seen)
+    await store.write("apps/kc-admin/kc", {"access_token": "admin-token-1"}, cas=None)
+    await made.create(REQUEST)
+    await store.write("apps/kc-admin/kc", {"access_token": "admin-token-2"}, cas=None)
+    await made.revoke(REQUEST, "s0")
+    assert [r.headers["Authorization"] for r in seen] == [
+        "Bearer admin-token-1",
+        "Bearer admin-token-2",
+    ]
+    await made.aclose()
+
+
+async def test_no_published_token_fails_the_call_naming_the_auth() -> None:
+    seen: list[httpx.Request] = []
+    made = await built(FakeVaultStore(), seen)
+    with pytest.raises(RotationError) as caught:
+        await made.create(REQUEST)
+    assert str(caught.value).startswith(
+        "billing: rotator kc-secrets: rotators['kc-secrets'].auth: credential:kc-admin: no "
+        "published token to use (vault:secret/apps/kc-admin/kc#access_token"
+    )
+    assert seen == []  # nothing sent without it
+    await made.aclose()
+
+
+async def test_a_refusal_echoing_the_token_does_not_show_it() -> None:
+    store = FakeVaultStore()
+    await store.write("apps/kc-admin/kc", {"access_token": "tok"}, cas=None)
+
+    made = await built(store, [], httpx.Response(400, json={"error": "tok"}))
+    with pytest.raises(RotationError) as caught:
+        await made.create(REQUEST)
+    assert str(caught.value).endswith("create: unexpected HTTP 400")
+    await made.aclose()
+
+
+def test_the_environment_sets_a_credential_auth() -> None:
+    text = rotator("kc-secrets", "env:ADMIN") + credential("kc-admin")
+    environ = {"KEYTURN_ROTATORS_KC_SECRETS_AUTH": "credential:kc-admin"}
+    config = parse_config(VAULT + PROVIDER + text, "k.toml", environ)
+    assert config.rotators["kc-secrets"].auth == CredentialAuth("kc-admin")  # type: ignore[union-attr]
