@@ -29,7 +29,7 @@ LONGEST_FIRST = (
     "integration/test_instances.py",  # 312
     "integration/test_faults.py",  # 238
     "integration/test_detectors.py",  # 232
-    "integration/test_signing_key.py",  # 147 (oidc-provider; eight SIGKILLs)
+    "integration/test_signing_key.py",  # 94-182 (oidc-provider; eight SIGKILLs)
     "integration/test_daemon.py",  # 133
     "integration/test_edge_drops.py",  # 110 (one test)
     "integration/test_rotation_crash.py",  # 110

@@ -18,6 +18,7 @@ from keyturn.clock import FakeClock
 from keyturn.commands.check import required_capabilities, vault_references
 from keyturn.commands.import_signing_key import parse
 from keyturn.commands.rotate import report
+from keyturn.commands.status import render_json, render_table, status_rows
 from keyturn.config import ProviderConfig, RotationPolicy, parse_config
 from keyturn.config.credentials import (
     JwksRegistration,
@@ -723,3 +724,33 @@ def test_rotate_says_until_when_a_new_key_waits(capsys: pytest.CaptureFixture[st
     assert report("billing-key", waiting, "rotate") == 1
     line = capsys.readouterr().err
     assert "billing-key: the new key kid-2 waits until 2027-01-15T08:01:00Z" in line
+
+
+async def test_status_shows_the_kid_in_use_the_ids_registered_and_the_next_rotation() -> None:
+    config = parse_config(
+        SIGNING_CONFIG
+        + 'rotation = { max_age = "90d", grace = "1d" }\n'
+        + 'registration = { method = "jwks", file = "/srv/jwks.json" }\n',
+        "k.toml",
+        {"VT": "x"},
+    )
+    clock = FakeClock()
+    store = FakeVaultStore(clock=clock)
+    now = clock.time()
+    journal = RotationJournal(
+        key=Secret("k"),
+        key_id="kid-new",
+        key_created_at=now,
+        phase="retiring",
+        previous_key_id="kid-old",
+        previous_retire_at=now + DAY,
+    )
+    state = record.write(
+        CredentialState(rotation=journal), record.Registration(registered=("kid-old", "kid-new"))
+    )
+    await store.write("keyturn/state/k", state.to_data(), cas=0)
+    [row] = await status_rows(config, store, clock)
+    assert row.key_id == "kid-new" and row.rotates_at == now + DAY
+    assert row.details == {"registered": "kid-old, kid-new"}
+    assert "retiring; registered: kid-old, kid-new" in render_table([row], now)
+    assert json.loads(render_json([row]))["details"] == {"registered": "kid-old, kid-new"}
