@@ -12,7 +12,6 @@ from keyturn.jobs.job import Task
 from keyturn.kinds import KINDS, REGISTERED, kind_of
 from keyturn.kinds.api_key import RepublishKey
 from keyturn.kinds.oauth_client.refresh import TokenRefresh
-from keyturn.kinds.signing_key import SigningKeyRotation
 from keyturn.kinds.signing_key.keys import generate
 from keyturn.observability import catalog
 from keyturn.secret import Secret
@@ -46,7 +45,7 @@ def test_what_run_now_forces_is_one_of_the_kinds_tasks() -> None:
     tasks: dict[str, type[Task]] = {
         "oauth_client": TokenRefresh,
         "api_key": RepublishKey,
-        "signing_key": SigningKeyRotation,
+        "signing_key": RepublishKey,
     }
     for kind in REGISTERED:
         assert kind.run_now_forces == tasks[kind.name].name

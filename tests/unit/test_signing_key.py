@@ -754,3 +754,20 @@ async def test_status_shows_the_kid_in_use_the_ids_registered_and_the_next_rotat
     assert row.details == {"registered": "kid-old, kid-new"}
     assert "retiring; registered: kid-old, kid-new" in render_table([row], now)
     assert json.loads(render_json([row]))["details"] == {"registered": "kid-old, kid-new"}
+
+
+async def test_what_apps_read_changed_by_someone_else_is_put_back_not_rotated() -> None:
+    """The watcher's run-now (`republish`) writes the key in use back; no new key is made."""
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    state = await world.state()
+    entry = await world.store.read(PUBLISHED)
+    assert entry is not None
+    await world.store.write(PUBLISHED, {"private_key": "tampered"}, cas=entry.version)
+    outcome = await job.run(force={"republish"})
+    assert outcome.action == "republished"
+    published = await world.store.read(PUBLISHED)
+    assert published is not None and published.data["kid"] == state.rotation.key_id
+    assert (await world.state()).rotation.key_id == state.rotation.key_id
+    assert world.server.kids() == [state.rotation.key_id]

@@ -30,6 +30,7 @@ What verifying and publishing mean is the credential kind's (a `RotationTarget` 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -53,6 +54,8 @@ __all__ = [
     "CHECKPOINTS",
     "Checkpoint",
     "KeyRotation",
+    "RepublishKey",
+    "Republisher",
     "RotationRules",
     "RotationTarget",
     "no_checkpoint",
@@ -502,3 +505,58 @@ def _result_of(error: KeyturnError) -> str:
     if isinstance(error, VerificationFailed):
         return "verification_failed"
     return "failed"
+
+
+class Republisher(Protocol):
+    """A target whose rotated key apps read (an API key, a signing key): it can write the
+    current key back where apps read it."""
+
+    async def write(
+        self,
+        key: Secret,
+        key_id: str | None,
+        created_at: float,
+        state: CredentialState,
+        *,
+        report: bool = True,
+    ) -> int:
+        """Publish `key` on top of the version keyturn last wrote; the KV version."""
+
+    def forget_metadata(self) -> None:
+        """What is at the published path is no longer known (someone else wrote there)."""
+
+
+class RepublishKey:
+    """The `republish` task (forced only): put the current key back where apps read it, after
+    someone else changed or deleted it (the watcher already reported that)."""
+
+    name = "republish"
+
+    def __init__(self, target: Republisher) -> None:
+        self._target = target
+
+    async def due(self, state: CredentialState, now: float, force: bool) -> float:
+        return now if force and state.rotation.key is not None else math.inf
+
+    async def step(self, journal: Journal) -> str:
+        state = journal.state
+        current = state.rotation
+        if current.key is None or current.key_created_at is None:
+            return "waiting"
+        # Someone else changed what apps read (perhaps only its custom metadata): the
+        # publish writes the custom metadata too.
+        self._target.forget_metadata()
+        version = await self._target.write(
+            current.key, current.key_id, current.key_created_at, state, report=False
+        )
+        journal.stage(replace(state, token=replace(state.token, published_version=version)))
+        return "republished"
+
+    def defers_lease(self, state: CredentialState) -> bool:
+        return False  # it publishes before it writes the record
+
+    def failed(
+        self, state: CredentialState, error: KeyturnError, now: float
+    ) -> tuple[CredentialState, int]:
+        rotation = replace(state.rotation, error=str(error))
+        return replace(state, rotation=rotation), state.rotation.failures + 1

@@ -7,16 +7,13 @@ changed what apps read). A new key is verified by calling `probe` with it, then 
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
-
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
 from keyturn.config.credentials import ApiKeyCredential
-from keyturn.errors import ConfigError, KeyturnError
+from keyturn.errors import ConfigError
 from keyturn.events import Published
-from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
-from keyturn.jobs.rotation import KeyRotation, RotationRules
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
+from keyturn.jobs.rotation import KeyRotation, RepublishKey, RotationRules
 from keyturn.jobs.steps import publish_with_cas, verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
 from keyturn.layout import custom_metadata
@@ -129,42 +126,6 @@ class ApiKeyTarget:
 
     async def initial_key(self) -> tuple[Secret, str | None] | None:
         return await self._inputs.initial_key()
-
-
-class RepublishKey:
-    """The `republish` task (forced only): put the current key back where apps read it, after
-    someone else changed or deleted it (the watcher already reported that)."""
-
-    name = "republish"
-
-    def __init__(self, target: ApiKeyTarget) -> None:
-        self._target = target
-
-    async def due(self, state: CredentialState, now: float, force: bool) -> float:
-        return now if force and state.rotation.key is not None else math.inf
-
-    async def step(self, journal: Journal) -> str:
-        state = journal.state
-        current = state.rotation
-        if current.key is None or current.key_created_at is None:
-            return "waiting"
-        # Someone else changed what apps read (perhaps only its custom metadata): the
-        # publish writes the custom metadata too.
-        self._target.forget_metadata()
-        version = await self._target.write(
-            current.key, current.key_id, current.key_created_at, state, report=False
-        )
-        journal.stage(replace(state, token=replace(state.token, published_version=version)))
-        return "republished"
-
-    def defers_lease(self, state: CredentialState) -> bool:
-        return False  # it publishes before it writes the record
-
-    def failed(
-        self, state: CredentialState, error: KeyturnError, now: float
-    ) -> tuple[CredentialState, int]:
-        rotation = replace(state.rotation, error=str(error))
-        return replace(state, rotation=rotation), state.rotation.failures + 1
 
 
 def job(

@@ -24,8 +24,8 @@ from keyturn.config.credentials import (
 )
 from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
 from keyturn.events import Published
-from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal
-from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RotationRules
+from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal, Task
+from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RepublishKey, RotationRules
 from keyturn.jobs.steps import publish_with_cas
 from keyturn.kinds.base import Kind, Resolve
 from keyturn.kinds.signing_key import keys, record
@@ -158,10 +158,23 @@ class SigningKeyTarget:
     async def publish(
         self, key: Secret, key_id: str | None, created_at: float, state: CredentialState
     ) -> int:
-        name, provider = self.credential.name, self.credential.provider
         entry = await self._deps.store.read(self.credential.publish_to, consistent=True)
         if entry is not None and key_id is not None and entry.data.get("kid") == key_id:
             return entry.version  # keyturn's own write, before a crash
+        return await self.write(key, key_id, created_at, state)
+
+    async def write(
+        self,
+        key: Secret,
+        key_id: str | None,
+        created_at: float,
+        state: CredentialState,
+        *,
+        report: bool = True,
+    ) -> int:
+        """Publish `key` on top of the version keyturn last wrote (`report=False`: a conflict
+        is not reported again; the watcher already did)."""
+        name, provider = self.credential.name, self.credential.provider
         rotate_after = created_at + self.credential.rotation.max_age
         held = record.read(state, name)
         version = await publish_with_cas(
@@ -179,9 +192,14 @@ class SigningKeyTarget:
             last_version=state.token.published_version,
             credential=name,
             provider=provider,
+            report=report,
         )
         self._deps.observer(Published(name, provider, NAME, created_at, rotate_after))
         return version
+
+    def forget_metadata(self) -> None:
+        """Nothing to forget: a signing key's publish always writes its custom metadata (a
+        rotation is rare)."""
 
     async def client_id(self) -> str | None:
         return await self._client_id()
@@ -307,7 +325,8 @@ def make_job(
         target = SigningKeyTarget(
             credential, client, inputs, deps, registrar(credential, client, deps, rotator), prove
         )
-        return CredentialJob(credential, [SigningKeyRotation(target, deps)], deps)
+        tasks: list[Task] = [SigningKeyRotation(target, deps), RepublishKey(target)]
+        return CredentialJob(credential, tasks, deps)
 
     return job
 
@@ -357,7 +376,7 @@ KIND = Kind(
     published_fields=published_fields,
     value_expires=False,
     refreshes_tokens=False,
-    run_now_forces="rotation",
+    run_now_forces=RepublishKey.name,
     rotation=ROTATION,
     job=make_job(PROVE, registrar_for),
     live_check=live_check,
