@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint bench clean
+.PHONY: demo test image check lint bench clean
 
 # keyturn (the daemon, with the test tools), keyturn-devkit (devkit/: the sandbox, the dev
 # servers and the test harnesses; never in `pip install .`) and the client library, in one
@@ -27,6 +27,15 @@ test: $(STAMP)
 	$(BIN)/ruff check src devkit tests bench clients
 	$(BIN)/mypy
 	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder
+	@cat build/image/report.txt
+
+# keyturn's image: deploy/Dockerfile built by buildah from nothing (scripts/build-image.sh), then
+# booted by podman against a dev OpenBao and the sandbox. `make test` runs the same test module,
+# first of all, so that the build overlaps the other tests.
+image: $(STAMP)
+	bash scripts/system-deps.sh
+	$(BIN)/pytest -q -p no:cacheprovider tests/integration/test_image.py
+	@cat build/image/report.txt
 
 # The quick loop while changing code: lint, types and the unit tests (fakes only, no servers).
 check: $(STAMP)

@@ -18,6 +18,12 @@ command -v chromium >/dev/null 2>&1 || needed+=(chromium)
 [ -x /usr/bin/chromedriver ] || needed+=(chromium-driver)
 # Glewlwyd, a second OpenID Connect server (in C), for private_key_jwt: tests/integration/test_glewlwyd.py.
 command -v glewlwyd >/dev/null 2>&1 || needed+=(glewlwyd)
+# buildah builds deploy/Dockerfile, podman boots it (runc as its runtime) and mmdebstrap makes the
+# stand-in for its Python base image: scripts/build-image.sh, tests/integration/test_image.py.
+command -v buildah >/dev/null 2>&1 || needed+=(buildah)
+command -v podman >/dev/null 2>&1 || needed+=(podman)
+command -v runc >/dev/null 2>&1 || needed+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || needed+=(mmdebstrap)
 if ((${#needed[@]})); then
   if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq

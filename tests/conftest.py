@@ -26,6 +26,7 @@ from keyturn_devkit.dev.sandbox import SandboxProcess
 # end the run alone. Measured with `pytest --durations=0`; a module missing here only starts
 # later.
 LONGEST_FIRST = (
+    "integration/test_image.py",  # 330 (the image's build from nothing, on a busy machine)
     "integration/test_instances.py",  # 312
     "integration/test_faults.py",  # 238
     "integration/test_detectors.py",  # 232

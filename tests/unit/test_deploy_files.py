@@ -100,9 +100,11 @@ def expand(text: str) -> str:
 
 def test_the_image_is_multi_stage_on_a_slim_python_base() -> None:
     froms = [rest for keyword, rest in dockerfile_instructions() if keyword == "FROM"]
-    assert len(froms) == 2
-    assert froms[0].endswith(" AS builder")
-    for base in froms:
+    assert len(froms) == 3
+    # An empty stage a hermetic build replaces with its wheelhouse (`--build-context`).
+    assert froms[0] == "scratch AS wheelhouse"
+    assert froms[1].endswith(" AS builder")
+    for base in froms[1:]:
         image = expand(base.split()[0])
         assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", image), image
     # Nothing from the builder but the wheels, bind-mounted for one RUN (not a layer).
@@ -116,6 +118,9 @@ def test_the_image_is_multi_stage_on_a_slim_python_base() -> None:
         assert flag in install
     builder = dockerfile_instructions()[: len(dockerfile_instructions()) - len(stage)]
     assert any("--constraint constraints.txt" in rest for keyword, rest in builder)
+    (wheels,) = [rest for keyword, rest in builder if keyword == "RUN" and "pip wheel" in rest]
+    assert wheels.startswith("--mount=type=bind,from=wheelhouse,target=/wheelhouse ")
+    assert "--require-hashes" in wheels
 
 
 def test_the_image_runs_as_a_numeric_non_root_user_after_every_run_step() -> None:
