@@ -38,6 +38,7 @@ LONGEST_FIRST = (
     "integration/test_replicated_vault.py",  # 94
     "integration/test_edge.py",  # 86
     "client/test_client_integration.py",  # 86
+    "integration/test_release.py",  # 64 (on a busy machine)
     "integration/test_vault_first_run.py",  # 58
     "integration/test_refresh_token_import.py",  # 57
     "integration/test_client_auth.py",  # 43-62

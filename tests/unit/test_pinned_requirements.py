@@ -222,7 +222,9 @@ def test_the_image_installs_the_dependencies_by_hash_and_keyturn_without_them() 
     builder, final = instructions[: froms[-1]], instructions[froms[-1] :]
     assert "COPY requirements/runtime.txt ./requirements/" in builder
     (fetch,) = [line for line in builder if line.startswith("RUN ") and "pip wheel" in line]
-    first, *rest = fetch.split("&&")
+    # After the line that turns to the wheelhouse when the build is handed one.
+    wheelhouse, first, *rest = fetch.split("&&")
+    assert "--no-index --find-links=/wheelhouse" in wheelhouse
     for flag in ("--require-hashes", "--only-binary :all:", "-r requirements/runtime.txt"):
         assert flag in first, flag
     assert any("pip wheel" in part and "--no-deps ." in part for part in rest)

@@ -11,4 +11,4 @@ to every request and retry once with the new value when the service answers 401 
 from keyturn_client._credential import Credential, CredentialUnavailable
 
 __all__ = ["Credential", "CredentialUnavailable"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
