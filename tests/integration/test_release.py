@@ -141,7 +141,9 @@ def test_the_metadata_is_complete(dist: Path, name: str) -> None:
     assert meta["Version"] == VERSION
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta["License-File"] == "LICENSE"
-    assert f"{name}-{VERSION}.dist-info/licenses/LICENSE" in files
+    with zipfile.ZipFile(dist / f"{name}-{VERSION}-py3-none-any.whl") as wheel:
+        license_text = wheel.read(f"{name}-{VERSION}.dist-info/licenses/LICENSE").decode()
+    assert license_text == (ROOT / "LICENSE").read_text()  # the client's copy is the same
     assert meta["Requires-Python"] == ">=3.11"
     classifiers = meta.get_all("Classifier") or []
     assert "Programming Language :: Python :: 3.11" in classifiers
