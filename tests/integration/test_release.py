@@ -107,11 +107,9 @@ def pinned_runtime() -> set[str]:
     return {canonicalize_name(m) for m in re.findall(r"^([A-Za-z0-9._-]+)==", text, re.M)}
 
 
-def wheel_metadata(path: Path) -> tuple[email.message.Message, list[str]]:
-    with zipfile.ZipFile(path) as wheel:
-        names = wheel.namelist()
-        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
-        return email.message_from_string(wheel.read(meta).decode()), names
+def wheel_metadata(wheel: zipfile.ZipFile) -> email.message.Message:
+    (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return email.message_from_string(wheel.read(meta).decode())
 
 
 def test_one_version_names_both_distributions_and_heads_the_changelog(dist: Path) -> None:
@@ -137,13 +135,13 @@ def test_twine_check_passes_on_every_file(dist: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_the_metadata_is_complete(dist: Path, name: str) -> None:
-    meta, files = wheel_metadata(dist / f"{name}-{VERSION}-py3-none-any.whl")
+    with zipfile.ZipFile(dist / f"{name}-{VERSION}-py3-none-any.whl") as wheel:
+        meta = wheel_metadata(wheel)
+        license_text = wheel.read(f"{name}-{VERSION}.dist-info/licenses/LICENSE").decode()
+    assert license_text == (ROOT / "LICENSE").read_text()  # the client's copy is the same
     assert meta["Version"] == VERSION
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta["License-File"] == "LICENSE"
-    with zipfile.ZipFile(dist / f"{name}-{VERSION}-py3-none-any.whl") as wheel:
-        license_text = wheel.read(f"{name}-{VERSION}.dist-info/licenses/LICENSE").decode()
-    assert license_text == (ROOT / "LICENSE").read_text()  # the client's copy is the same
     assert meta["Requires-Python"] == ">=3.11"
     classifiers = meta.get_all("Classifier") or []
     assert "Programming Language :: Python :: 3.11" in classifiers
