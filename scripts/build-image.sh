@@ -8,7 +8,8 @@
 #      imported as localhost/keyturn-python:3.11-bookworm. PYTHON_IMAGE=NAME uses an image you
 #      already have instead.
 #   2. The wheelhouse: requirements/runtime.txt's wheels, checked against their hashes, and
-#      setuptools' (for the build of keyturn's wheel), downloaded on this host by pip.
+#      setuptools' (for the build of keyturn's wheel), downloaded on this host by pip, while
+#      step 1 runs.
 #   3. buildah bud of deploy/Dockerfile as written, handed the wheelhouse as the `wheelhouse`
 #      build context, tagged localhost/keyturn:<version> and localhost/keyturn:latest.
 #   4. A CycloneDX SBOM of the image's Python environment (cyclonedx-py over the image's
@@ -31,7 +32,19 @@ version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' src/keyturn/__init__.py)
 image=localhost/keyturn:$version
 rm -rf "$OUT"
 mkdir -p "$OUT"
-step() { printf 'build-image: %-44s %4ds\n' "$1" "$SECONDS"; }
+step() { printf '  %-44s at %4ds\n' "$1" "$SECONDS" | tee -a "$OUT/steps.txt"; }
+
+# ---- 2. the wheelhouse, started first and in the background (mmdebstrap waits on a mirror) --
+setuptools=$(grep -i '^setuptools==' constraints.txt)
+download() {
+    "$PYTHON" -m pip download --quiet --quiet --disable-pip-version-check \
+        --dest "$OUT/wheelhouse" --only-binary :all: --python-version 3.11 --implementation cp "$@"
+}
+{
+    download --require-hashes -r requirements/runtime.txt
+    download --no-deps "$setuptools"
+} &
+wheelhouse=$!
 
 # ---- 1. the base image ---------------------------------------------------------------------
 if [ -z "${PYTHON_IMAGE:-}" ]; then
@@ -57,13 +70,7 @@ if [ -z "${PYTHON_IMAGE:-}" ]; then
     step "PYTHON_IMAGE stand-in (mmdebstrap, import)"
 fi
 
-# ---- 2. the wheelhouse ---------------------------------------------------------------------
-setuptools=$(grep -i '^setuptools==' constraints.txt)
-"$PYTHON" -m pip download --quiet --quiet --disable-pip-version-check --dest "$OUT/wheelhouse" \
-    --only-binary :all: --python-version 3.11 --implementation cp \
-    --require-hashes -r requirements/runtime.txt
-"$PYTHON" -m pip download --quiet --quiet --disable-pip-version-check --dest "$OUT/wheelhouse" \
-    --only-binary :all: --python-version 3.11 --implementation cp --no-deps "$setuptools"
+wait "$wheelhouse"
 step "wheelhouse ($(ls "$OUT/wheelhouse" | wc -l) wheels)"
 
 # ---- 3. the image --------------------------------------------------------------------------
@@ -97,6 +104,7 @@ in_image() { podman run --rm --no-healthcheck --network none --env PIP_NO_CACHE_
     echo "debian packages: $(in_image --entrypoint dpkg-query "$image" -W -f '.\n' | wc -l)"
     echo "python packages (pip list in the image):"
     in_image --entrypoint pip "$image" list --format freeze | sed 's/^/  /'
-    echo "build time: ${SECONDS}s"
+    echo "build steps, done at:"
+    cat "$OUT/steps.txt"
 } > "$OUT/report.txt"
 cat "$OUT/report.txt"
