@@ -26,7 +26,7 @@ from keyturn_devkit.dev.sandbox import SandboxProcess
 # end the run alone. Measured with `pytest --durations=0`; a module missing here only starts
 # later.
 LONGEST_FIRST = (
-    "integration/test_image.py",  # 330 (the image's build from nothing, on a busy machine)
+    "integration/test_image.py",  # 136 (the image built from nothing; 330 on a busy machine)
     "integration/test_instances.py",  # 312
     "integration/test_faults.py",  # 238
     "integration/test_detectors.py",  # 232
@@ -38,10 +38,10 @@ LONGEST_FIRST = (
     "integration/test_replicated_vault.py",  # 94
     "integration/test_edge.py",  # 86
     "client/test_client_integration.py",  # 86
-    "integration/test_release.py",  # 64 (on a busy machine)
     "integration/test_vault_first_run.py",  # 58
     "integration/test_refresh_token_import.py",  # 57
     "integration/test_client_auth.py",  # 43-62
+    "integration/test_release.py",  # 42 (64 on a busy machine)
     "integration/test_token_params.py",  # 56 (on a busy machine)
 )
 
