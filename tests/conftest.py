@@ -26,7 +26,7 @@ from keyturn_devkit.dev.sandbox import SandboxProcess
 # end the run alone. Measured with `pytest --durations=0`; a module missing here only starts
 # later.
 LONGEST_FIRST = (
-    "integration/test_image.py",  # 136 (the image built from nothing; 330 on a busy machine)
+    "integration/test_image.py",  # 136-170 (the image built from nothing; 330 when busy)
     "integration/test_instances.py",  # 312
     "integration/test_faults.py",  # 238
     "integration/test_detectors.py",  # 232
