@@ -1,8 +1,5 @@
-"""Reading the schema itself: each table's keys, and where a key path leads.
-
-The loader asks the schema, never a list of its own, which keys a table has (unknown keys,
-"did you mean", `KEYTURN_…` overrides) and what a key expects ("missing; expected …").
-`tables()` lists every table of the file (the docs test checks each key is documented).
+"""Reading the schema: each table's keys, what each key expects, where an error's `loc` leads
+(the loader and the overrides ask the schema, never a list of their own).
 """
 
 from __future__ import annotations
