@@ -1,10 +1,5 @@
-"""`[[credentials]]`: one model per credential kind, chosen by `kind` (a discriminated union).
-
-`CredentialConfig` is what the code reads: every credential's attributes, a kind's own keys
-None (or their default) for the other kind. Each kind is a class of its own below it, with its
-own keys and rules, and a key of the other kind refused by name (`NotAKey`); `KINDS` lists
-them, and `AnyCredential` (the type `Config.credentials` holds) is built from it. The tables
-inside a credential (`refresh`, `backoff`, `rotation`, `sinks`) are here too.
+"""`[[credentials]]`: one model per credential kind, chosen by `kind` (a discriminated union),
+and the tables inside a credential (`refresh`, `backoff`, `rotation`, `sinks`).
 """
 
 from __future__ import annotations
@@ -130,13 +125,8 @@ CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers, json_or_split)
 
 @table(kw_only=True)
 class RotationPolicy(Table):
-    """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
-    `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
-    is published. verify_attempts: failed verifications of one new key before another.
-    wait_for_consumers (api_key, with `[usage]`): after `grace`, the old key is revoked only
-    once no consumer that read it within `consumer_window` still reads it, and at the latest
-    `max_grace` after the new one was published (None: `DEFAULT_MAX_GRACE`, at least
-    `grace`; see `longest_grace`)."""
+    """`rotation`: a key (or client secret) replaced every `max_age` by the rotator
+    `rotator`, the old one revoked `grace` later (docs/configuration.md)."""
 
     # A key may live up to ten years; the old one stays valid for at most a year after.
     max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
@@ -248,9 +238,7 @@ class HookConfig(Table):
 @table()
 class SinkConfig(Table):
     """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
-    (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
-    value), "json" (the published fields, `credential`, `version`), "env" (`<env_prefix>
-    <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
+    (keyturn.sinks); no name, so named by position and not overridden."""
 
     path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
     format: SinkFormat
@@ -288,13 +276,9 @@ class SinkConfig(Table):
 
 @table(kw_only=True)
 class CredentialConfig(Table):
-    """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
-    `KINDS`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
-    client_secret; `rotation` rotates the client secret; `refresh_token` seeds keyturn's state
-    once. "api_key": no client_id or client_secret; `probe` and `rotation` are set;
-    `initial_key` and `initial_key_id` adopt an existing key. publish_to: the KV path apps
-    read. probe: a path on the provider called with each new token or key before it is
-    published. sinks: files on keyturn's host kept equal to what is published."""
+    """One credential keyturn keeps fresh, as the code reads it: every kind's attributes, a
+    kind's own keys None (or their default) for the others; the file's entries are one of
+    `KINDS`."""
 
     name: Annotated[str, ENTRY_NAME]
     provider: Annotated[str, NAME, PROVIDER]

@@ -155,21 +155,19 @@ def describe(value: object) -> str:
     return kind_of(value)
 
 
+_TOML_TYPES = (
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a float"),
+    (str, "a string"),
+    (dict, "a table"),
+    (list, "an array"),
+)
+
+
 def kind_of(value: object) -> str:
     """The TOML type of a value, without the value (for fields that may hold a secret)."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return "a date/time"
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "a date/time")
 
 
 def split(text: str) -> list[str]:

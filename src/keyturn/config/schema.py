@@ -1,26 +1,7 @@
-"""The configuration's schema: one frozen dataclass per TOML table (`fields.table`), which
-pydantic validates when it reads a file and nothing judges when the code makes one.
-
-These models are the single source of truth for the file's keys (a field's name, or its
-`alias`), their types and ranges (pydantic's own, strict, with `Field(ge=…, le=…)`, or one of
-the project's value types, `Annotated[T, <a check from keyturn.config.fields>]`), their
-defaults and their `Literal`s. `keyturn.config.load` validates the file against `Config`:
-unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]`,
-`[[credentials]]` (`keyturn.config.credentials`) and `[[alerts]]` are discriminated unions on
-`method` / `type` / `kind`, each variant with its own keys. Where the file's shape differs
-from the object the code reads, `Via(<table>)` validates the table and `build()`s the object:
-`[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's policies),
-`create`/`revoke` (HttpCall). Durations are float seconds; secret inputs are `SecretRef`s,
-never values.
-
-    Config ── keyturn: DaemonSettings, vault: VaultSettings (auth: TokenAuth | TokenFileAuth |
-              AppRoleAuth | KubernetesAuth), metrics: MetricsSettings,
-              providers: {name: ProviderConfig}, rotators: {name: HttpRotatorConfig (create,
-              revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
-              credentials: (OAuthClientCredential | ApiKeyCredential, each a CredentialConfig
-              (refresh, backoff, rotation: RotationPolicy, sinks: (SinkConfig (on_publish:
-              HookConfig), ...)), ...),
-              alerts: (AlertHookConfig, ...), usage: UsageSettings | None
+"""The configuration's schema: one frozen dataclass per TOML table (`fields.table`), the single
+source of the file's keys, types, ranges and defaults. pydantic validates a file against
+`Config` (`load`); an object the code makes is taken as it is. `Via(<table>)` marks a key whose
+table `build()`s the object the code reads.
 """
 
 from __future__ import annotations
@@ -177,14 +158,7 @@ def transport(
 
 @table()
 class DaemonSettings(Table):
-    """`[keyturn]`: daemon-wide settings. instance_id: this instance's name in Vault metadata
-    and locks. state_prefix: keyturn's private KV prefix, which apps must not read.
-    vault_concurrency: threads for (blocking) hvac calls. watch_interval: seconds between
-    sweeps of the published paths for changes made outside keyturn (0: none), which
-    on_external_change puts right ("republish") or only reports ("alert"). takeover_after:
-    the longest takeover: an instance whose heartbeat has not moved for its takeover is gone,
-    and the others take its share of the credentials; the instances beat to a shorter one
-    when their tokens need it (`keyturn.members`)."""
+    """`[keyturn]`: daemon-wide settings (docs/configuration.md; takeover: `keyturn.members`)."""
 
     instance_id: Annotated[
         str, text("an identifier without spaces, at most 253 characters", r"^\S{1,253}$")
@@ -240,9 +214,7 @@ VaultAuth = TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
 
 @table(kw_only=True)
 class VaultSettings(Table):
-    """`[vault]`: where keyturn stores and publishes, and how it logs in. address: without a
-    trailing slash. renew_margin: keyturn renews its own token at 2/3 of its TTL and no later
-    than this before it expires. nodes: more addresses of the cluster, tried in turn."""
+    """`[vault]`: where keyturn stores and publishes, and how it logs in."""
 
     address: Annotated[str, URL]
     allow_insecure_http: Annotated[bool, BOOLEAN] = False
@@ -267,10 +239,8 @@ class VaultSettings(Table):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """Where /metrics, /healthz, /readyz and /usage listen. `host` has no brackets.
-    web_config: the exporter toolkit's web configuration (TLS, client certificates, basic
-    auth), read; None: plain HTTP without authentication. open_paths: the paths served
-    without basic auth (of OPEN_PATHS)."""
+    """Where /metrics, /healthz, /readyz and /usage listen (`host` without brackets), and how
+    (web_config None: plain HTTP without authentication)."""
 
     host: str = "127.0.0.1"
     port: int = 9797
@@ -299,8 +269,7 @@ def _open_paths(value: object) -> tuple[str, ...]:
 
 @table()
 class MetricsTable(Table):
-    """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults); `web_config`
-    the exporter toolkit's web configuration file (keyturn.config.webconfig), read at load."""
+    """`[metrics]`, as the file has it."""
 
     listen: Annotated[tuple[str, int] | None, LISTEN] = None
     web_config: Annotated[Path | None, FS_PATH] = None
@@ -373,10 +342,7 @@ class ProviderConfig(Table):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HttpCall:
-    """One call of an `http` rotator to the provider's key API. path: relative to the
-    provider's base_url, with `{placeholders}`; body: a JSON template (placeholders filled
-    JSON-string-escaped); value / id: JSON pointers to the new key's value and id; ok_status:
-    the statuses of success (for revoke, 404 and 410 too)."""
+    """One call of an `http` rotator to the provider's key API (`create` or `revoke`)."""
 
     path: str
     method: HttpMethod = "POST"
@@ -551,14 +517,7 @@ _ONLY_FOR = {"file": ("file", "prefix"), "socket": ("socket",)}
 
 @table(kw_only=True)
 class UsageSettings(Table):
-    """`[usage]`: who reads the published credentials, from Vault's audit log (keyturn.usage,
-    docs/usage.md). source: "file" (keyturn tails `file`, Vault's file audit device, and
-    remembers where it stopped in `position_file`) or "socket" (keyturn listens on `socket`
-    for Vault's socket audit device, connecting from `allowed_networks`). prefix: the device's
-    `prefix` option. The detectors' rules (keyturn.usage.DetectorSettings): learning,
-    rate_window, rate_factor, rate_floor, repeat. max_consumers: identities kept by name per
-    credential (the rest count as `other`); consumer_labels: how many of those have a
-    `consumer` label of their own in metrics."""
+    """`[usage]`: who reads the published credentials, from Vault's audit log (docs/usage.md)."""
 
     source: UsageSource
     file: Annotated[Path | None, FS_PATH] = None
@@ -604,12 +563,8 @@ class UsageSettings(Table):
 
 @table(kw_only=True)
 class AlertHookConfig(Table):
-    """`[[alerts]]`: one alert hook (see keyturn.alerts). The file's tables are its types below,
-    each with its own `url` and without the keys it does not take. url: a reference, or
-    `SecretRef.inline(url)` for a plain URL (never for slack); None: PagerDuty's own endpoint.
-    routing_key: PagerDuty's integration key. detectors / credentials: the only ones this hook
-    takes (None: all). rate_limit: firing alerts per minute. repeat_interval: seconds before a
-    still-firing alert is sent again. runbook_base: None for keyturn's own runbook."""
+    """`[[alerts]]`: one alert hook (keyturn.alerts), as the code reads it; the file's tables
+    are its types below, each with its own `url` and without the keys it does not take."""
 
     name: Annotated[str, ENTRY_NAME]
     type: AlertHookType
