@@ -8,7 +8,7 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, ValidationInfo, model_validator
 from pydantic_core import core_schema
@@ -96,6 +96,7 @@ JITTER = number("a fraction >= 0 and < 0.5", ge=0, lt=0.5)
 WAIT = duration(positive=True, maximum=DAY)
 MULTIPLIER = number("a number between 1 and 10", ge=1, le=10)
 AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
+OTHER_KINDS = NotAKey(named=True)  # a kind's own key, in the base that every kind reads
 HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
 MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
@@ -283,15 +284,19 @@ class CredentialConfig(Table):
     name: Annotated[str, ENTRY_NAME]
     provider: Annotated[str, NAME, PROVIDER]
     kind: CredentialKind = "oauth_client"
-    client_id: SecretRef | None = None
-    client_secret: SecretRef | None = None
-    scope: str | None = None
-    refresh_token: SecretRef | None = None
-    refresh: RefreshPolicy = dataclasses.field(default_factory=RefreshPolicy)
+    # A kind's own keys are OTHER_KINDS' here: refused by name by a kind that does not
+    # declare them again, in its `REFUSED` words.
+    client_id: Annotated[SecretRef | None, OTHER_KINDS] = None
+    client_secret: Annotated[SecretRef | None, OTHER_KINDS] = None
+    scope: Annotated[str | None, OTHER_KINDS] = None
+    refresh_token: Annotated[SecretRef | None, OTHER_KINDS] = None
+    refresh: Annotated[RefreshPolicy, OTHER_KINDS] = dataclasses.field(
+        default_factory=RefreshPolicy
+    )
     # What the token request carries besides the grant (keyturn.config.token_params).
-    audience: str | None = None
-    resource: tuple[str, ...] = ()
-    token_params: tuple[tuple[str, SecretRef], ...] = ()
+    audience: Annotated[str | None, OTHER_KINDS] = None
+    resource: Annotated[tuple[str, ...], OTHER_KINDS] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], OTHER_KINDS] = ()
     publish_to: Annotated[
         str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
     ]
@@ -303,8 +308,8 @@ class CredentialConfig(Table):
         RotationPolicy | None,
         described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
     ] = None
-    initial_key: SecretRef | None = None
-    initial_key_id: str | None = None
+    initial_key: Annotated[SecretRef | None, OTHER_KINDS] = None
+    initial_key_id: Annotated[str | None, OTHER_KINDS] = None
     sinks: Annotated[
         tuple[SinkConfig, ...],
         described(
@@ -313,15 +318,22 @@ class CredentialConfig(Table):
         ),
     ] = ()
     consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
-    client_auth: CredentialClientAuth = "client_secret"
-    client_key: SecretRef | None = None
-    client_key_alg: AssertionAlg | None = None
-    client_key_id: str | None = None
-    client_certificate: SecretRef | None = None
-    grant: CredentialGrant = "client_credentials"
-    service_account: SecretRef | None = None
-    assertion_subject: str | None = None
-    assertion_audience: str | None = None
+    client_auth: Annotated[CredentialClientAuth, OTHER_KINDS] = "client_secret"
+    client_key: Annotated[SecretRef | None, OTHER_KINDS] = None
+    client_key_alg: Annotated[AssertionAlg | None, OTHER_KINDS] = None
+    client_key_id: Annotated[str | None, OTHER_KINDS] = None
+    client_certificate: Annotated[SecretRef | None, OTHER_KINDS] = None
+    grant: Annotated[CredentialGrant, OTHER_KINDS] = "client_credentials"
+    service_account: Annotated[SecretRef | None, OTHER_KINDS] = None
+    assertion_subject: Annotated[str | None, OTHER_KINDS] = None
+    assertion_audience: Annotated[str | None, OTHER_KINDS] = None
+    REFUSED: ClassVar[str] = ""  # what the kind says of another's key; "{owner}": its kind
+
+    @classmethod
+    def refusal(cls, key: str) -> str:
+        """What this kind says of `key`, a key of another kind (`OTHER_KINDS`)."""
+        owner = next(kind for kind in KINDS if key in vars(kind)["__annotations__"])
+        return cls.REFUSED.format(owner=owner.__dataclass_fields__["kind"].default)
 
     @property
     def keyless(self) -> bool:
@@ -351,15 +363,8 @@ class CredentialConfig(Table):
         return name, *context.rotators.get(name, (None, False))
 
 
-def _only_for(kind: str, other: str, why: str) -> NotAKey:
-    """A key of `kind` in an entry of the `other` kind."""
-    return NotAKey(f'not allowed for kind "{other}"{why}; expected it only with kind = "{kind}"')
-
-
-# Each kind below is self-contained (its keys, its rules, what it refuses), so that it can
-# move next to its kind's module; KINDS at the end lists them.
-
-_NOT_OAUTH = _only_for("api_key", "oauth_client", " (its secret is client_secret)")
+# Each kind below is self-contained (its keys, its rules), so that it can move next to its
+# kind's module; KINDS at the end lists them.
 
 
 @table(kw_only=True)
@@ -367,6 +372,10 @@ class OAuthClientCredential(CredentialConfig):
     """`kind = "oauth_client"`: an OAuth 2.0 client; keyturn gets access tokens with its
     client credentials (and, with `rotation`, rotates its client secret)."""
 
+    REFUSED = (
+        'not allowed for kind "oauth_client" (its secret is client_secret); expected it only '
+        'with kind = "{owner}"'
+    )
     kind: Literal["oauth_client"] = "oauth_client"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
     client_secret: Annotated[
@@ -403,8 +412,6 @@ class OAuthClientCredential(CredentialConfig):
     refresh: Annotated[
         RefreshPolicy, Via(RefreshTable), described("a table ([credentials.refresh])")
     ] = dataclasses.field(default_factory=RefreshPolicy)
-    initial_key: Annotated[None, _NOT_OAUTH] = None
-    initial_key_id: Annotated[None, _NOT_OAUTH] = None
     audience: Annotated[str | None, AUDIENCE] = None
     resource: Annotated[tuple[str, ...], RESOURCE] = ()
     token_params: Annotated[tuple[tuple[str, SecretRef], ...], TOKEN_PARAMS] = ()
@@ -457,27 +464,16 @@ class OAuthClientCredential(CredentialConfig):
             yield "rotation", message
 
 
-_NOT_API_KEY = _only_for(
-    "oauth_client", "api_key", ", which has no OAuth client and no token to refresh"
-)
-
-
 @table(kw_only=True)
 class ApiKeyCredential(CredentialConfig):
     """`kind = "api_key"`: an API key that keyturn rotates on a schedule with a rotator,
     verified with `probe`; `initial_key` (with `initial_key_id`) adopts an existing key."""
 
-    kind: Literal["api_key"] = "api_key"
-    client_id: Annotated[None, _NOT_API_KEY] = None
-    client_secret: Annotated[None, _NOT_API_KEY] = None
-    scope: Annotated[None, _NOT_API_KEY] = None
-    refresh_token: Annotated[None, _NOT_API_KEY] = None
-    refresh: Annotated[RefreshPolicy, _NOT_API_KEY] = dataclasses.field(
-        default_factory=RefreshPolicy
+    REFUSED = (
+        'not allowed for kind "api_key", which has no OAuth client and no token to refresh; '
+        'expected it only with kind = "{owner}"'
     )
-    audience: Annotated[None, _NOT_API_KEY] = None
-    resource: Annotated[tuple[str, ...], _NOT_API_KEY] = ()
-    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_API_KEY] = ()
+    kind: Literal["api_key"] = "api_key"
     probe: Annotated[str, HTTP_PATH]
     rotation: Annotated[
         RotationPolicy,
@@ -490,15 +486,6 @@ class ApiKeyCredential(CredentialConfig):
     initial_key_id: Annotated[
         str | None, text('the provider\'s id of initial_key, e.g. "key_0123"')
     ] = None
-    client_auth: Annotated[CredentialClientAuth, _NOT_API_KEY] = "client_secret"
-    client_key: Annotated[None, _NOT_API_KEY] = None
-    client_key_alg: Annotated[None, _NOT_API_KEY] = None
-    client_key_id: Annotated[None, _NOT_API_KEY] = None
-    client_certificate: Annotated[None, _NOT_API_KEY] = None
-    grant: Annotated[CredentialGrant, _NOT_API_KEY] = "client_credentials"
-    service_account: Annotated[None, _NOT_API_KEY] = None
-    assertion_subject: Annotated[None, _NOT_API_KEY] = None
-    assertion_audience: Annotated[None, _NOT_API_KEY] = None
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         yield from self.rotation.needs_rotator()

@@ -878,9 +878,11 @@ class Unique:
 @dataclasses.dataclass(frozen=True)
 class NotAKey:
     """A key of the base table that a variant does not take (it keeps its default): a file
-    that sets it gets "unknown key", or `why` it is refused, and listings leave it out."""
+    that sets it gets "unknown key", or `why` it is refused, and listings leave it out.
+    `named`: refused by name in the variant's words (its `refusal(key)`)."""
 
     why: str | None = None
+    named: bool = False
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler

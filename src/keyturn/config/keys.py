@@ -41,7 +41,7 @@ def keys(model: type, *, refused: bool = False) -> Mapping[str, FieldInfo]:
     found = {}
     for name, info in fields_of(model).items():
         marker = next((m for m in info.metadata if isinstance(m, NotAKey)), None)
-        wanted = bool(marker and marker.why) if refused else marker is None
+        wanted = bool(marker and (marker.why or marker.named)) if refused else marker is None
         if info.init is not False and wanted:
             found[info.alias or name] = info
     return MappingProxyType(found)

@@ -286,6 +286,9 @@ class Document:
 
     def _unknown_key(self, spot: Spot) -> str:
         assert spot.owner is not None
+        variant: Any = spot.owner
+        if spot.loc[-1] in keys(variant, refused=True):  # another variant's key, named
+            return str(variant.refusal(spot.loc[-1]))
         known = list(keys(spot.owner))
         context = ""
         if spot.tag is not None:

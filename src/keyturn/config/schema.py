@@ -569,7 +569,7 @@ class AlertHookConfig(Table):
     name: Annotated[str, ENTRY_NAME]
     type: AlertHookType
     url: SecretRef | None = None
-    routing_key: SecretRef | None = None
+    routing_key: Annotated[SecretRef | None, NOT_A_KEY] = None  # pagerduty's only
     min_severity: AlertSeverity = "warning"
     detectors: Annotated[
         tuple[str, ...] | None,
@@ -602,7 +602,6 @@ class AlertHookConfig(Table):
 class WebhookHookConfig(AlertHookConfig):
     type: Literal["webhook"]
     url: Annotated[SecretRef, url_or_reference("the URL alerts are POSTed to")]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 @table(kw_only=True)
@@ -617,7 +616,6 @@ class SlackHookConfig(AlertHookConfig):
             "is a secret)"
         ),
     ]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 @table(kw_only=True)
@@ -634,7 +632,6 @@ class AlertmanagerHookConfig(AlertHookConfig):
         SecretRef,
         url_or_reference('Alertmanager\'s base URL, e.g. "https://alertmanager.example.com:9093"'),
     ]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 AlertHookVariant = (
