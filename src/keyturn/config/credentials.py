@@ -27,23 +27,20 @@ from keyturn.config.fields import (
     REFERENCE_OR_INLINE,
     SINK_PATH,
     URL,
-    Check,
-    Invalid,
     LoadContext,
     NotAKey,
     Table,
     Unique,
     Via,
     Where,
+    array_of,
     command,
     context_of,
-    describe,
     described,
     duration,
     integer,
     json_or_split,
     kv_path,
-    nonempty,
     number,
     refers_to,
     report,
@@ -107,21 +104,13 @@ _CONSUMERS_EXPECTED = (
 )
 
 
-def _consumers(value: object) -> tuple[str, ...]:
-    names = []
-    for item in nonempty(value, _CONSUMERS_EXPECTED):
-        if (
-            not isinstance(item, str)
-            or not item.strip()
-            or len(item) > MAX_CONSUMER_NAME
-            or _CONTROL_CHARACTER.search(item)
-        ):
-            raise Invalid(f"got {describe(item)} in the array; expected {_CONSUMERS_EXPECTED}")
-        names.append(item)
-    return tuple(dict.fromkeys(names))
+def _consumer(item: object) -> str | None:
+    if not isinstance(item, str) or not item.strip() or len(item) > MAX_CONSUMER_NAME:
+        return None
+    return None if _CONTROL_CHARACTER.search(item) else item
 
 
-CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers, json_or_split)
+CONSUMERS = array_of(_CONSUMERS_EXPECTED, _consumer, json_or_split)
 
 
 @table(kw_only=True)

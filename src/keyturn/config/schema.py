@@ -67,6 +67,7 @@ from keyturn.config.fields import (
     Table,
     Via,
     Where,
+    array_of,
     body_template,
     command,
     context_of,
@@ -78,7 +79,6 @@ from keyturn.config.fields import (
     json_or_split,
     json_pointer,
     kv_path,
-    nonempty,
     number,
     path_template,
     report,
@@ -476,20 +476,14 @@ _NETWORKS_EXPECTED = (
 )
 
 
-def _networks(value: object) -> tuple[str, ...]:
-    networks = []
-    for item in nonempty(value, _NETWORKS_EXPECTED):
-        try:
-            network = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
-        except ValueError:
-            network = None
-        if network is None:
-            raise Invalid(f"got {describe(item)} in the array; expected {_NETWORKS_EXPECTED}")
-        networks.append(str(network))
-    return tuple(dict.fromkeys(networks))
+def _network(item: object) -> str | None:
+    try:
+        return str(ipaddress.ip_network(item, strict=False)) if isinstance(item, str) else None
+    except ValueError:
+        return None
 
 
-NETWORKS = Check(_NETWORKS_EXPECTED, _networks, json_or_split)
+NETWORKS = array_of(_NETWORKS_EXPECTED, _network, json_or_split)
 
 _AUDIT_ADDRESS_EXPECTED = (
     'where keyturn listens for Vault\'s socket audit device: "host:port" (e.g. '
