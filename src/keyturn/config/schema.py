@@ -67,6 +67,7 @@ from keyturn.config.fields import (
     Table,
     Via,
     Where,
+    array,
     array_of,
     body_template,
     command,
@@ -259,12 +260,10 @@ _OPEN_PATHS_EXPECTED = 'an array of "/healthz" and "/readyz", e.g. ["/healthz"]'
 
 
 def _open_paths(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise Invalid(f"got {describe(value)}; expected {_OPEN_PATHS_EXPECTED}")
-    for item in value:
-        if item not in OPEN_PATHS:
-            raise Invalid(f"got {describe(item)} in the array; expected {_OPEN_PATHS_EXPECTED}")
-    return tuple(dict.fromkeys(value))
+    def open_path(item: object) -> object:
+        return item if item in OPEN_PATHS else None
+
+    return () if value == [] else array(value, _OPEN_PATHS_EXPECTED, open_path)
 
 
 @table()
