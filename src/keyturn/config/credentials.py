@@ -496,10 +496,6 @@ class ApiKeyCredential(CredentialConfig):
 SigningAlgorithm = AssertionAlg
 RSA_ALGORITHMS = ("RS256", "PS256")
 DEFAULT_RSA_BITS = 3072
-_NOT_SIGNING_KEY = NotAKey(
-    'not allowed for kind "signing_key", whose key keyturn makes itself and which '
-    "authenticates with no client secret and holds no token"
-)
 
 
 @table(kw_only=True)
@@ -576,32 +572,17 @@ class SigningKeyCredential(CredentialConfig):
     says; a token request for `client_id` signed with a new key (`private_key_jwt`) proves it
     before apps and `oauth_client` credentials use it."""
 
+    REFUSED = (
+        'not allowed for kind "signing_key", whose key keyturn makes itself and which '
+        "authenticates with no client secret and holds no token"
+    )
     kind: Literal["signing_key"] = "signing_key"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
-    client_secret: Annotated[None, _NOT_SIGNING_KEY] = None
     scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
-    refresh_token: Annotated[None, _NOT_SIGNING_KEY] = None
-    refresh: Annotated[RefreshPolicy, _NOT_SIGNING_KEY] = dataclasses.field(
-        default_factory=RefreshPolicy
-    )
-    initial_key: Annotated[None, _NOT_SIGNING_KEY] = None
-    initial_key_id: Annotated[None, _NOT_SIGNING_KEY] = None
     rotation: Annotated[
         RotationPolicy,
         described('a table, e.g. rotation = { max_age = "90d", grace = "1d" }'),
     ]
-    client_auth: Annotated[CredentialClientAuth, _NOT_SIGNING_KEY] = "client_secret"
-    client_key: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_key_alg: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_key_id: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_certificate: Annotated[None, _NOT_SIGNING_KEY] = None
-    grant: Annotated[CredentialGrant, _NOT_SIGNING_KEY] = "client_credentials"
-    service_account: Annotated[None, _NOT_SIGNING_KEY] = None
-    assertion_subject: Annotated[None, _NOT_SIGNING_KEY] = None
-    assertion_audience: Annotated[None, _NOT_SIGNING_KEY] = None
-    audience: Annotated[None, _NOT_SIGNING_KEY] = None
-    resource: Annotated[tuple[str, ...], _NOT_SIGNING_KEY] = ()
-    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_SIGNING_KEY] = ()
     algorithm: SigningAlgorithm = "ES256"
     key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
     registration: Registration

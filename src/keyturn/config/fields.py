@@ -878,18 +878,15 @@ class Unique:
 @dataclasses.dataclass(frozen=True)
 class NotAKey:
     """A key of the base table that a variant does not take (it keeps its default): a file
-    that sets it gets "unknown key", or `why` it is refused, and listings leave it out.
-    `named`: refused by name in the variant's words (its `refusal(key)`)."""
+    that sets it gets "unknown key", or with `named` the variant's `refusal(key)` (an override
+    may set it, to be refused so), and listings leave it out."""
 
-    why: str | None = None
     named: bool = False
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         def refuse(value: Any) -> Any:
-            if self.why:
-                raise problem(self.why)
             raise PydanticKnownError("unexpected_keyword_argument")
 
         return core_schema.no_info_plain_validator_function(refuse)
