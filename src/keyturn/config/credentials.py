@@ -500,10 +500,8 @@ DEFAULT_RSA_BITS = 3072
 
 @table(kw_only=True)
 class Rfc7592Registration(Table):
-    """`registration = { method = "rfc7592", … }`: the public keys are registered by a `PUT` of
-    the client's metadata (RFC 7592) at `client_uri`, authorised by the registration access
-    token; `access_token` seeds keyturn's private state with it once (keyturn keeps the
-    rotated ones)."""
+    """`registration = { method = "rfc7592", … }`: the public keys `PUT` in the client's
+    metadata at `client_uri` (RFC 7592), with the registration access token."""
 
     method: Literal["rfc7592"] = "rfc7592"
     client_uri: Annotated[str, URL]
@@ -517,10 +515,8 @@ class Rfc7592Registration(Table):
 
 @table(kw_only=True)
 class JwksRegistration(Table):
-    """`registration = { method = "jwks", … }`: keyturn publishes the client's JWKS document
-    (the keys in use and in grace) at a Vault path (`publish_to`) and/or a file on its host
-    (`file`) that the server fetches as the client's `jwks_uri`; a new key is in it
-    `server_cache` before it signs."""
+    """`registration = { method = "jwks", … }`: the client's JWKS document, published where
+    the server fetches it as the client's `jwks_uri`."""
 
     method: Literal["jwks"] = "jwks"
     publish_to: Annotated[
@@ -547,9 +543,8 @@ class JwksRegistration(Table):
 
 @table(kw_only=True)
 class RotatorRegistration(Table):
-    """`registration = { method = "rotator" }`: the public keys are registered at the
-    provider's own API by the `exec` rotator `rotation.rotator` names (its `register` and
-    `revoke` actions)."""
+    """`registration = { method = "rotator" }`: the `exec` rotator `rotation.rotator` names
+    registers the public keys at the provider's own API."""
 
     method: Literal["rotator"] = "rotator"
 
@@ -567,10 +562,8 @@ Registration = Annotated[
 
 @table(kw_only=True)
 class SigningKeyCredential(CredentialConfig):
-    """`kind = "signing_key"`: a key pair keyturn makes (`algorithm`, RSA of `key_size`
-    bits), rotates on `rotation`'s schedule and registers with the server as `registration`
-    says; a token request for `client_id` signed with a new key (`private_key_jwt`) proves it
-    before apps and `oauth_client` credentials use it."""
+    """`kind = "signing_key"`: a key pair keyturn makes, rotates and registers with the server
+    as `registration` says, proven by a token request signed with it before apps use it."""
 
     REFUSED = (
         'not allowed for kind "signing_key", whose key keyturn makes itself and which '

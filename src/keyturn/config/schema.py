@@ -292,11 +292,8 @@ class MetricsTable(Table):
 
 @table(kw_only=True)
 class ProviderConfig(Table):
-    """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
-    slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
-    default_lifetime: seconds, when a token response has no expires_in.
-    refresh_token_max_lifetime: the absolute lifetime of a refresh-token family, from the
-    grant or consent that began it (None: the provider sets none, or keyturn is not told)."""
+    """`[[providers]]`: one OAuth 2.0 authorization server / API (`base_url` without a trailing
+    slash)."""
 
     name: Annotated[str, ENTRY_NAME]
     base_url: Annotated[str, URL]
