@@ -30,7 +30,7 @@ from keyturn.config import (
     parse_config,
 )
 from keyturn.config.credentials import KINDS
-from keyturn.config.keys import tag_of
+from keyturn.config.keys import keys, tag_of
 from keyturn.config.schema import AlertHookVariant
 from keyturn.errors import ConfigError
 from keyturn.policy import BackoffPolicy, RefreshPolicy
@@ -620,6 +620,17 @@ def test_each_literal_is_the_tags_of_its_union() -> None:
     for literal, union, discriminator in unions:
         tags = tuple(tag_of(member, discriminator) for member in get_args(union))
         assert tags == get_args(literal)
+
+
+def test_a_kind_s_own_key_is_taken_by_its_kinds_and_refused_by_name_by_the_others() -> None:
+    """The base marks a kind's keys once; no kind lists the others' keys."""
+    for key in keys(CredentialConfig, refused=True):
+        takes = [kind for kind in KINDS if key in keys(kind)]
+        assert takes, key  # some kind declares it
+        for kind in KINDS:
+            assert (key in keys(kind, refused=True)) == (kind not in takes)
+            refused = f'not allowed for kind "{tag_of(kind, "kind")}"'
+            assert kind in takes or kind.refusal(key).startswith(refused)
 
 
 def test_a_file_must_name_each_credential_s_kind() -> None:

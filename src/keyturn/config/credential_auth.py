@@ -1,11 +1,6 @@
-"""`auth = "credential:NAME"`: a call keyturn makes (an `http` rotator's) authenticated with the
-token keyturn keeps for another credential, e.g. a Keycloak or Entra ID admin client whose
-token may rotate other clients' secrets (docs/configuration.md, "A credential that
-authenticates another").
-
-The name must be a `[[credentials]]` entry, and no chain of them may loop back (`a -> b -> a`):
-each credential's rotation would then wait for a token that only its own rotation keeps
-working. Both are refused at load, in one line each.
+"""`auth = "credential:NAME"`: an `http` rotator's calls authenticated with the token keyturn
+keeps for another credential; an unknown name or a loop (`a -> b -> a`) is refused at load
+(docs/configuration.md, "A credential that authenticates another").
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`[[credentials]]`: one model per credential kind, chosen by `kind` (a discriminated union).
-
-`CredentialConfig` is what the code reads: every credential's attributes, a kind's own keys
-None (or their default) for the other kind. Each kind is a class of its own below it, with its
-own keys and rules, and a key of the other kind refused by name (`NotAKey`); `KINDS` lists
-them, and `AnyCredential` (the type `Config.credentials` holds) is built from it. The tables
-inside a credential (`refresh`, `backoff`, `rotation`, `sinks`) are here too.
+"""`[[credentials]]`: one model per credential kind, chosen by `kind` (a discriminated union),
+and the tables inside a credential (`refresh`, `backoff`, `rotation`, `sinks`).
 """
 
 from __future__ import annotations
@@ -13,7 +8,7 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field, ValidationInfo, model_validator
 from pydantic_core import core_schema
@@ -32,23 +27,20 @@ from keyturn.config.fields import (
     REFERENCE_OR_INLINE,
     SINK_PATH,
     URL,
-    Check,
-    Invalid,
     LoadContext,
     NotAKey,
     Table,
     Unique,
     Via,
     Where,
+    array_of,
     command,
     context_of,
-    describe,
     described,
     duration,
     integer,
     json_or_split,
     kv_path,
-    nonempty,
     number,
     refers_to,
     report,
@@ -101,6 +93,7 @@ JITTER = number("a fraction >= 0 and < 0.5", ge=0, lt=0.5)
 WAIT = duration(positive=True, maximum=DAY)
 MULTIPLIER = number("a number between 1 and 10", ge=1, le=10)
 AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
+OTHER_KINDS = NotAKey(named=True)  # a kind's own key, in the base that every kind reads
 HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
 MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
@@ -111,32 +104,19 @@ _CONSUMERS_EXPECTED = (
 )
 
 
-def _consumers(value: object) -> tuple[str, ...]:
-    names = []
-    for item in nonempty(value, _CONSUMERS_EXPECTED):
-        if (
-            not isinstance(item, str)
-            or not item.strip()
-            or len(item) > MAX_CONSUMER_NAME
-            or _CONTROL_CHARACTER.search(item)
-        ):
-            raise Invalid(f"got {describe(item)} in the array; expected {_CONSUMERS_EXPECTED}")
-        names.append(item)
-    return tuple(dict.fromkeys(names))
+def _consumer(item: object) -> str | None:
+    if not isinstance(item, str) or not item.strip() or len(item) > MAX_CONSUMER_NAME:
+        return None
+    return None if _CONTROL_CHARACTER.search(item) else item
 
 
-CONSUMERS = Check(_CONSUMERS_EXPECTED, _consumers, json_or_split)
+CONSUMERS = array_of(_CONSUMERS_EXPECTED, _consumer, json_or_split)
 
 
 @table(kw_only=True)
 class RotationPolicy(Table):
-    """`rotation`: a key (or client secret) is used `max_age` seconds, then replaced by the
-    `[[rotators]]` entry `rotator`; the old one stays valid `grace` seconds after the new one
-    is published. verify_attempts: failed verifications of one new key before another.
-    wait_for_consumers (api_key, with `[usage]`): after `grace`, the old key is revoked only
-    once no consumer that read it within `consumer_window` still reads it, and at the latest
-    `max_grace` after the new one was published (None: `DEFAULT_MAX_GRACE`, at least
-    `grace`; see `longest_grace`)."""
+    """`rotation`: a key (or client secret) replaced every `max_age` by the rotator
+    `rotator`, the old one revoked `grace` later (docs/configuration.md)."""
 
     # A key may live up to ten years; the old one stays valid for at most a year after.
     max_age: Annotated[float, duration(minimum=1.0, maximum=3650 * DAY)]
@@ -248,9 +228,7 @@ class HookConfig(Table):
 @table()
 class SinkConfig(Table):
     """One of a credential's `sinks`: a file on keyturn's host kept equal to what is published
-    (see keyturn.sinks). No name: named by position, and not overridden. format: "raw" (the
-    value), "json" (the published fields, `credential`, `version`), "env" (`<env_prefix>
-    <FIELD>=value` lines). mode: permission bits (owner-readable, nothing for others)."""
+    (keyturn.sinks); no name, so named by position and not overridden."""
 
     path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
     format: SinkFormat
@@ -288,26 +266,26 @@ class SinkConfig(Table):
 
 @table(kw_only=True)
 class CredentialConfig(Table):
-    """One credential keyturn keeps fresh, as the code reads it (the file's entries are one of
-    `KINDS`). "oauth_client": client_id (a reference, or `SecretRef.inline`) and
-    client_secret; `rotation` rotates the client secret; `refresh_token` seeds keyturn's state
-    once. "api_key": no client_id or client_secret; `probe` and `rotation` are set;
-    `initial_key` and `initial_key_id` adopt an existing key. publish_to: the KV path apps
-    read. probe: a path on the provider called with each new token or key before it is
-    published. sinks: files on keyturn's host kept equal to what is published."""
+    """One credential keyturn keeps fresh, as the code reads it: every kind's attributes, a
+    kind's own keys None (or their default) for the others; the file's entries are one of
+    `KINDS`."""
 
     name: Annotated[str, ENTRY_NAME]
     provider: Annotated[str, NAME, PROVIDER]
     kind: CredentialKind = "oauth_client"
-    client_id: SecretRef | None = None
-    client_secret: SecretRef | None = None
-    scope: str | None = None
-    refresh_token: SecretRef | None = None
-    refresh: RefreshPolicy = dataclasses.field(default_factory=RefreshPolicy)
+    # A kind's own keys are OTHER_KINDS' here: refused by name by a kind that does not
+    # declare them again, in its `REFUSED` words.
+    client_id: Annotated[SecretRef | None, OTHER_KINDS] = None
+    client_secret: Annotated[SecretRef | None, OTHER_KINDS] = None
+    scope: Annotated[str | None, OTHER_KINDS] = None
+    refresh_token: Annotated[SecretRef | None, OTHER_KINDS] = None
+    refresh: Annotated[RefreshPolicy, OTHER_KINDS] = dataclasses.field(
+        default_factory=RefreshPolicy
+    )
     # What the token request carries besides the grant (keyturn.config.token_params).
-    audience: str | None = None
-    resource: tuple[str, ...] = ()
-    token_params: tuple[tuple[str, SecretRef], ...] = ()
+    audience: Annotated[str | None, OTHER_KINDS] = None
+    resource: Annotated[tuple[str, ...], OTHER_KINDS] = ()
+    token_params: Annotated[tuple[tuple[str, SecretRef], ...], OTHER_KINDS] = ()
     publish_to: Annotated[
         str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
     ]
@@ -319,8 +297,8 @@ class CredentialConfig(Table):
         RotationPolicy | None,
         described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
     ] = None
-    initial_key: SecretRef | None = None
-    initial_key_id: str | None = None
+    initial_key: Annotated[SecretRef | None, OTHER_KINDS] = None
+    initial_key_id: Annotated[str | None, OTHER_KINDS] = None
     sinks: Annotated[
         tuple[SinkConfig, ...],
         described(
@@ -329,15 +307,22 @@ class CredentialConfig(Table):
         ),
     ] = ()
     consumers: Annotated[tuple[str, ...] | None, CONSUMERS] = None
-    client_auth: CredentialClientAuth = "client_secret"
-    client_key: SecretRef | None = None
-    client_key_alg: AssertionAlg | None = None
-    client_key_id: str | None = None
-    client_certificate: SecretRef | None = None
-    grant: CredentialGrant = "client_credentials"
-    service_account: SecretRef | None = None
-    assertion_subject: str | None = None
-    assertion_audience: str | None = None
+    client_auth: Annotated[CredentialClientAuth, OTHER_KINDS] = "client_secret"
+    client_key: Annotated[SecretRef | None, OTHER_KINDS] = None
+    client_key_alg: Annotated[AssertionAlg | None, OTHER_KINDS] = None
+    client_key_id: Annotated[str | None, OTHER_KINDS] = None
+    client_certificate: Annotated[SecretRef | None, OTHER_KINDS] = None
+    grant: Annotated[CredentialGrant, OTHER_KINDS] = "client_credentials"
+    service_account: Annotated[SecretRef | None, OTHER_KINDS] = None
+    assertion_subject: Annotated[str | None, OTHER_KINDS] = None
+    assertion_audience: Annotated[str | None, OTHER_KINDS] = None
+    REFUSED: ClassVar[str] = ""  # what the kind says of another's key; "{owner}": its kind
+
+    @classmethod
+    def refusal(cls, key: str) -> str:
+        """What this kind says of `key`, a key of another kind (`OTHER_KINDS`)."""
+        owner = next(kind for kind in KINDS if key in vars(kind)["__annotations__"])
+        return cls.REFUSED.format(owner=owner.__dataclass_fields__["kind"].default)
 
     @property
     def keyless(self) -> bool:
@@ -367,15 +352,8 @@ class CredentialConfig(Table):
         return name, *context.rotators.get(name, (None, False))
 
 
-def _only_for(kind: str, other: str, why: str) -> NotAKey:
-    """A key of `kind` in an entry of the `other` kind."""
-    return NotAKey(f'not allowed for kind "{other}"{why}; expected it only with kind = "{kind}"')
-
-
-# Each kind below is self-contained (its keys, its rules, what it refuses), so that it can
-# move next to its kind's module; KINDS at the end lists them.
-
-_NOT_OAUTH = _only_for("api_key", "oauth_client", " (its secret is client_secret)")
+# Each kind below is self-contained (its keys, its rules), so that it can move next to its
+# kind's module; KINDS at the end lists them.
 
 
 @table(kw_only=True)
@@ -383,6 +361,10 @@ class OAuthClientCredential(CredentialConfig):
     """`kind = "oauth_client"`: an OAuth 2.0 client; keyturn gets access tokens with its
     client credentials (and, with `rotation`, rotates its client secret)."""
 
+    REFUSED = (
+        'not allowed for kind "oauth_client" (its secret is client_secret); expected it only '
+        'with kind = "{owner}"'
+    )
     kind: Literal["oauth_client"] = "oauth_client"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
     client_secret: Annotated[
@@ -419,8 +401,6 @@ class OAuthClientCredential(CredentialConfig):
     refresh: Annotated[
         RefreshPolicy, Via(RefreshTable), described("a table ([credentials.refresh])")
     ] = dataclasses.field(default_factory=RefreshPolicy)
-    initial_key: Annotated[None, _NOT_OAUTH] = None
-    initial_key_id: Annotated[None, _NOT_OAUTH] = None
     audience: Annotated[str | None, AUDIENCE] = None
     resource: Annotated[tuple[str, ...], RESOURCE] = ()
     token_params: Annotated[tuple[tuple[str, SecretRef], ...], TOKEN_PARAMS] = ()
@@ -473,27 +453,16 @@ class OAuthClientCredential(CredentialConfig):
             yield "rotation", message
 
 
-_NOT_API_KEY = _only_for(
-    "oauth_client", "api_key", ", which has no OAuth client and no token to refresh"
-)
-
-
 @table(kw_only=True)
 class ApiKeyCredential(CredentialConfig):
     """`kind = "api_key"`: an API key that keyturn rotates on a schedule with a rotator,
     verified with `probe`; `initial_key` (with `initial_key_id`) adopts an existing key."""
 
-    kind: Literal["api_key"] = "api_key"
-    client_id: Annotated[None, _NOT_API_KEY] = None
-    client_secret: Annotated[None, _NOT_API_KEY] = None
-    scope: Annotated[None, _NOT_API_KEY] = None
-    refresh_token: Annotated[None, _NOT_API_KEY] = None
-    refresh: Annotated[RefreshPolicy, _NOT_API_KEY] = dataclasses.field(
-        default_factory=RefreshPolicy
+    REFUSED = (
+        'not allowed for kind "api_key", which has no OAuth client and no token to refresh; '
+        'expected it only with kind = "{owner}"'
     )
-    audience: Annotated[None, _NOT_API_KEY] = None
-    resource: Annotated[tuple[str, ...], _NOT_API_KEY] = ()
-    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_API_KEY] = ()
+    kind: Literal["api_key"] = "api_key"
     probe: Annotated[str, HTTP_PATH]
     rotation: Annotated[
         RotationPolicy,
@@ -506,15 +475,6 @@ class ApiKeyCredential(CredentialConfig):
     initial_key_id: Annotated[
         str | None, text('the provider\'s id of initial_key, e.g. "key_0123"')
     ] = None
-    client_auth: Annotated[CredentialClientAuth, _NOT_API_KEY] = "client_secret"
-    client_key: Annotated[None, _NOT_API_KEY] = None
-    client_key_alg: Annotated[None, _NOT_API_KEY] = None
-    client_key_id: Annotated[None, _NOT_API_KEY] = None
-    client_certificate: Annotated[None, _NOT_API_KEY] = None
-    grant: Annotated[CredentialGrant, _NOT_API_KEY] = "client_credentials"
-    service_account: Annotated[None, _NOT_API_KEY] = None
-    assertion_subject: Annotated[None, _NOT_API_KEY] = None
-    assertion_audience: Annotated[None, _NOT_API_KEY] = None
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         yield from self.rotation.needs_rotator()
@@ -536,18 +496,12 @@ class ApiKeyCredential(CredentialConfig):
 SigningAlgorithm = AssertionAlg
 RSA_ALGORITHMS = ("RS256", "PS256")
 DEFAULT_RSA_BITS = 3072
-_NOT_SIGNING_KEY = NotAKey(
-    'not allowed for kind "signing_key", whose key keyturn makes itself and which '
-    "authenticates with no client secret and holds no token"
-)
 
 
 @table(kw_only=True)
 class Rfc7592Registration(Table):
-    """`registration = { method = "rfc7592", … }`: the public keys are registered by a `PUT` of
-    the client's metadata (RFC 7592) at `client_uri`, authorised by the registration access
-    token; `access_token` seeds keyturn's private state with it once (keyturn keeps the
-    rotated ones)."""
+    """`registration = { method = "rfc7592", … }`: the public keys `PUT` in the client's
+    metadata at `client_uri` (RFC 7592), with the registration access token."""
 
     method: Literal["rfc7592"] = "rfc7592"
     client_uri: Annotated[str, URL]
@@ -561,10 +515,8 @@ class Rfc7592Registration(Table):
 
 @table(kw_only=True)
 class JwksRegistration(Table):
-    """`registration = { method = "jwks", … }`: keyturn publishes the client's JWKS document
-    (the keys in use and in grace) at a Vault path (`publish_to`) and/or a file on its host
-    (`file`) that the server fetches as the client's `jwks_uri`; a new key is in it
-    `server_cache` before it signs."""
+    """`registration = { method = "jwks", … }`: the client's JWKS document, published where
+    the server fetches it as the client's `jwks_uri`."""
 
     method: Literal["jwks"] = "jwks"
     publish_to: Annotated[
@@ -591,9 +543,8 @@ class JwksRegistration(Table):
 
 @table(kw_only=True)
 class RotatorRegistration(Table):
-    """`registration = { method = "rotator" }`: the public keys are registered at the
-    provider's own API by the `exec` rotator `rotation.rotator` names (its `register` and
-    `revoke` actions)."""
+    """`registration = { method = "rotator" }`: the `exec` rotator `rotation.rotator` names
+    registers the public keys at the provider's own API."""
 
     method: Literal["rotator"] = "rotator"
 
@@ -611,37 +562,20 @@ Registration = Annotated[
 
 @table(kw_only=True)
 class SigningKeyCredential(CredentialConfig):
-    """`kind = "signing_key"`: a key pair keyturn makes (`algorithm`, RSA of `key_size`
-    bits), rotates on `rotation`'s schedule and registers with the server as `registration`
-    says; a token request for `client_id` signed with a new key (`private_key_jwt`) proves it
-    before apps and `oauth_client` credentials use it."""
+    """`kind = "signing_key"`: a key pair keyturn makes, rotates and registers with the server
+    as `registration` says, proven by a token request signed with it before apps use it."""
 
+    REFUSED = (
+        'not allowed for kind "signing_key", whose key keyturn makes itself and which '
+        "authenticates with no client secret and holds no token"
+    )
     kind: Literal["signing_key"] = "signing_key"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
-    client_secret: Annotated[None, _NOT_SIGNING_KEY] = None
     scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
-    refresh_token: Annotated[None, _NOT_SIGNING_KEY] = None
-    refresh: Annotated[RefreshPolicy, _NOT_SIGNING_KEY] = dataclasses.field(
-        default_factory=RefreshPolicy
-    )
-    initial_key: Annotated[None, _NOT_SIGNING_KEY] = None
-    initial_key_id: Annotated[None, _NOT_SIGNING_KEY] = None
     rotation: Annotated[
         RotationPolicy,
         described('a table, e.g. rotation = { max_age = "90d", grace = "1d" }'),
     ]
-    client_auth: Annotated[CredentialClientAuth, _NOT_SIGNING_KEY] = "client_secret"
-    client_key: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_key_alg: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_key_id: Annotated[None, _NOT_SIGNING_KEY] = None
-    client_certificate: Annotated[None, _NOT_SIGNING_KEY] = None
-    grant: Annotated[CredentialGrant, _NOT_SIGNING_KEY] = "client_credentials"
-    service_account: Annotated[None, _NOT_SIGNING_KEY] = None
-    assertion_subject: Annotated[None, _NOT_SIGNING_KEY] = None
-    assertion_audience: Annotated[None, _NOT_SIGNING_KEY] = None
-    audience: Annotated[None, _NOT_SIGNING_KEY] = None
-    resource: Annotated[tuple[str, ...], _NOT_SIGNING_KEY] = ()
-    token_params: Annotated[tuple[tuple[str, SecretRef], ...], _NOT_SIGNING_KEY] = ()
     algorithm: SigningAlgorithm = "ES256"
     key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
     registration: Registration

@@ -1,9 +1,5 @@
-"""Durations in the configuration: a number of seconds, or text like "500ms", "5m", "1h30m".
-
-Units: `d` (days), `h`, `m`, `s`, `ms`; combined largest to smallest, each at most once.
-Values are returned as float seconds, which is what every timing rule in keyturn takes.
-Any finite, non-negative number parses; each key's range is checked by its field
-(`keyturn.config.fields.duration`).
+"""Durations in the configuration: seconds as a number, or text like "500ms", "5m", "1h30m"
+(units `d h m s ms`, largest first, each once); each key's range is its field's.
 """
 
 from __future__ import annotations

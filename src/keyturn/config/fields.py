@@ -1,16 +1,7 @@
-"""The value types of the configuration: how one TOML value (or an override's text) is read.
-
-Plain values are pydantic's own types, strict (`"8"` is not an integer and `1` not a boolean
-in the file), with their constraints (`integer`, `number`, `text`: `Field(ge=…, le=…)`,
-`pattern`) and the words a problem line says they expect as the field's description. The
-project's own value types (durations, KV and HTTP paths, URLs, secret references, …) are
-`Annotated[T, Check(...)]`: what is expected (the text after "expected" in a problem line), a
-`read(value)` that returns the typed value or raises `Invalid("<what was wrong>; expected
-<what>")`, and how an override's text reads (`env`: "a,b" or a JSON array for a list). A type
-that may hold a secret never puts the value in a message.
-
-Every number has a range, and the message of a value outside it states the range, so that a
-typo such as `"100000000000d"` or `1e308` is refused at load rather than overflowing a timer.
+"""The value types of the configuration: pydantic's own (strict, with their ranges) where they
+say it, and `Check`s for the project's own (durations, paths, URLs, secret references), each
+with the words its problem lines say after "expected". A type that may hold a secret never
+echoes the value.
 """
 
 from __future__ import annotations
@@ -38,6 +29,7 @@ from typing import (
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
@@ -79,8 +71,6 @@ _DOT_SEGMENT = re.compile(r"\.|\.\.|%2e|\.%2e|%2e\.|%2e%2e", re.IGNORECASE)
 
 DAY = 86400.0
 HOUR = 3600.0
-# The longest duration most keys take, and the longest time-out.
-MAX_DURATION = 365 * DAY
 MAX_TIMEOUT = HOUR
 
 
@@ -90,12 +80,9 @@ class Invalid(Exception):
 
 @dataclass(frozen=True, slots=True)
 class LoadContext:
-    """What validation knows beyond one table (pydantic's validation context).
-
-    providers / credentials: the declared entry names; rotators: each declared name with its
-    type (None if invalid) and whether its templates use {client_id}. Each is None when some
-    entry has no valid name: then "no such entry" would be a guess.
-    """
+    """What validation knows beyond one table (pydantic's validation context). The declared
+    entry names (rotators: with their type and whether they use {client_id}) are None when
+    some entry has no valid name: "no such entry" would then be a guess."""
 
     source: str
     base_dir: Path
@@ -115,18 +102,18 @@ def problem(message: str) -> PydanticCustomError:
 
 
 class Check:
-    """One of the project's value types: what it `expected`s, and how it `read`s a TOML value
-    or an override's text."""
+    """One of the project's value types: what it `expected`s, how it `read`s a TOML value,
+    and how an override's text becomes one (`env`)."""
 
     def __init__(
         self,
         expected: str,
         read: Callable[[Any], Any] | None = None,
-        env: Callable[[str], object] | None = None,
+        env: Callable[[str], object] = str,
     ) -> None:
         self.expected = expected
         self._read = read
-        self.from_env = env or (lambda text: text)  # an override's text, as the file's value
+        self.from_env = env
 
     def read(self, value: Any, context: LoadContext | None) -> Any:
         assert self._read is not None
@@ -137,13 +124,12 @@ class Check:
     ) -> CoreSchema:
         return core_schema.with_info_plain_validator_function(self._validate)
 
-    def value(self, value: Any, context: LoadContext | None = None) -> Any:
+    def value(self, value: Any) -> Any:
         """The typed value; Invalid if it is wrong."""
-        return self.read(value, context)
+        return self.read(value, None)
 
     def valid(self, value: Any) -> Any:
-        """The typed value, or None if it is absent or wrong (a look at data not yet
-        validated)."""
+        """The typed value, or None if it is absent or wrong (a look at unvalidated data)."""
         try:
             return None if value is None else self.value(value)
         except Invalid:
@@ -151,7 +137,7 @@ class Check:
 
     def _validate(self, value: Any, info: ValidationInfo) -> Any:
         try:
-            return self.value(value, context_of(info))
+            return self.read(value, context_of(info))
         except Invalid as exc:
             raise problem(str(exc)) from None
 
@@ -169,21 +155,19 @@ def describe(value: object) -> str:
     return kind_of(value)
 
 
+_TOML_TYPES = (
+    (bool, "a boolean"),
+    (int, "an integer"),
+    (float, "a float"),
+    (str, "a string"),
+    (dict, "a table"),
+    (list, "an array"),
+)
+
+
 def kind_of(value: object) -> str:
     """The TOML type of a value, without the value (for fields that may hold a secret)."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a float"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "a table"
-    if isinstance(value, list):
-        return "an array"
-    return "a date/time"
+    return next((name for kind, name in _TOML_TYPES if isinstance(value, kind)), "a date/time")
 
 
 def split(text: str) -> list[str]:
@@ -209,6 +193,23 @@ def nonempty(value: object, expected: str) -> list[object]:
     if not isinstance(value, list) or not value:
         raise Invalid(f"got {describe(value)}; expected {expected}")
     return value
+
+
+def array(value: object, expected: str, item: Callable[[Any], Any]) -> tuple[Any, ...]:
+    """A non-empty array, each item read by `item` (None: "got <item> in the array"), repeats
+    dropped."""
+    found = []
+    for each in nonempty(value, expected):
+        read = item(each)
+        if read is None:
+            raise Invalid(f"got {describe(each)} in the array; expected {expected}")
+        found.append(read)
+    return tuple(dict.fromkeys(found))
+
+
+def array_of(expected: str, item: Callable[[Any], Any], env: Callable[[str], object]) -> Check:
+    """A non-empty array of `item`s (see `array`); `env` reads an override's text."""
+    return Check(expected, lambda value: array(value, expected, item), env)
 
 
 def _text(value: object, expected: str) -> str:
@@ -262,7 +263,7 @@ ENTRY_NAME = Check(NAME_EXPECTED, _entry_name)  # an entry's own name (blank sho
 
 def duration(
     *,
-    maximum: float = MAX_DURATION,
+    maximum: float = 365 * DAY,
     minimum: float = 0.0,
     positive: bool = False,
     off: bool = False,
@@ -360,13 +361,9 @@ def _url(value: object) -> str:
 URL = Check("an https:// URL without ?query or #fragment", _url)
 
 
-def _urls(value: object) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(_url(item) for item in nonempty(value, URLS.expected)))
-
-
-URLS = Check(
+URLS = array_of(
     'a non-empty array of https:// URLs, e.g. ["https://vault-1:8200", "https://vault-2:8200"]',
-    _urls,
+    _url,
     split,  # KEYTURN_VAULT_NODES="https://a,https://b"
 )
 
@@ -448,15 +445,15 @@ HTTP_PATH_EXPECTED = (
 )
 
 
-def _http_path(value: object, expected: str) -> str:
-    result = _text(value, expected)
+def _http_path(value: object) -> str:
+    result = _text(value, HTTP_PATH_EXPECTED)
     reason = http_path_problem(result)
     if reason is not None:
-        raise Invalid(f"got {describe(result)}{reason}; expected {expected}")
+        raise Invalid(f"got {describe(result)}{reason}; expected {HTTP_PATH_EXPECTED}")
     return result
 
 
-HTTP_PATH = Check(HTTP_PATH_EXPECTED, lambda value: _http_path(value, HTTP_PATH_EXPECTED))
+HTTP_PATH = Check(HTTP_PATH_EXPECTED, _http_path)
 
 
 def _listing(names: tuple[str, ...]) -> str:
@@ -535,22 +532,17 @@ def json_pointer(to: str, *, allow_root: bool = False) -> Check:
     return Check(expected, read)
 
 
-def _statuses(value: object) -> tuple[int, ...]:
-    expected, statuses = STATUSES.expected, []
-    for item in nonempty(value, expected):
-        if isinstance(item, bool) or not isinstance(item, int) or not 100 <= item <= 599:
-            raise Invalid(f"got {describe(item)} in the array; expected {expected}")
-        statuses.append(item)
-    return tuple(dict.fromkeys(statuses))
+def _status(item: object) -> int | None:
+    return item if type(item) is int and 100 <= item <= 599 else None
 
 
 def _statuses_env(text: str) -> object:  # "200,201", or a JSON array
     return [int(n) for n in split(text)] if re.fullmatch(r"[\d\s,]+", text) else json_array(text)
 
 
-STATUSES = Check(
+STATUSES = array_of(
     'a non-empty array of HTTP statuses (100-599), e.g. [200, 201] (in the environment "200,201")',
-    _statuses,
+    _status,
     _statuses_env,
 )
 
@@ -581,7 +573,7 @@ def command(example: str, *, from_env: bool = True) -> Check:
             )
         return tuple(value)
 
-    return Check(expected, read, json_array if from_env else None)
+    return Check(expected, read, json_array if from_env else str)
 
 
 class FsPath(Check):
@@ -610,10 +602,7 @@ _SINK_PATH_EXPECTED = (
 
 def _sink_path(value: object) -> Path:
     expected = _SINK_PATH_EXPECTED
-    if not isinstance(value, str):
-        raise Invalid(f"got {describe(value)}; expected {expected}")
-    if not value.strip():
-        raise Invalid(f"got an empty string; expected {expected}")
+    value = _text(value, expected)
     if looks_like_reference(value):
         raise Invalid(f"got a reference; expected {expected}, not a reference")
     shown = describe(value)
@@ -703,41 +692,36 @@ class Names(Check):
         known: list[str] | tuple[str, ...] | None = self.known
         if self.section:
             known = getattr(context, self.section) if context else None
-        for item in nonempty(value, self.expected):
+
+        def name(item: object) -> str | None:
             if not isinstance(item, str) or not NAME_RULE.fullmatch(item):
-                raise Invalid(f"got {describe(item)} in the array; expected {self.expected}")
+                return None
             if known is not None and item not in known:
                 close = difflib.get_close_matches(item, known, n=1, cutoff=0.6)
-                hint = (
-                    f'did you mean "{close[0]}"?'
-                    if close
-                    else "expected one of: " + ", ".join(known)
-                )
+                hint = "expected one of: " + ", ".join(known)
+                if close:
+                    hint = f'did you mean "{close[0]}"?'
                 raise Invalid(f'no {self.what} is named "{item}"; {hint}')
-        return tuple(dict.fromkeys(value))
+            return item
+
+        return array(value, self.expected, name)
 
 
-class Rule:
+def rule(judge: Callable[[Any, LoadContext], str | None]) -> AfterValidator:
     """After a key's own check, a rule that needs what validation knows beyond one table:
     `judge(value, context)` says what is wrong (or None). Only a file is judged."""
 
-    def __init__(self, judge: Callable[[Any, LoadContext], str | None]) -> None:
-        self.judge = judge
+    def validate(value: Any, info: ValidationInfo) -> Any:
+        context = context_of(info)
+        wrong = context and judge(value, context)
+        if wrong:
+            raise problem(wrong)
+        return value
 
-    def __get_pydantic_core_schema__(
-        self, source: Any, handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        def validate(value: Any, info: ValidationInfo) -> Any:
-            context = context_of(info)
-            wrong = context and self.judge(value, context)
-            if wrong:
-                raise problem(wrong)
-            return value
-
-        return core_schema.with_info_after_validator_function(validate, handler(source))
+    return AfterValidator(validate)
 
 
-def refers_to(section: str, what: str) -> Rule:
+def refers_to(section: str, what: str) -> AfterValidator:
     """The name of an entry of `section` (when every entry there has a valid name)."""
 
     def judge(name: str | None, context: LoadContext) -> str | None:
@@ -747,7 +731,7 @@ def refers_to(section: str, what: str) -> Rule:
         known = ", ".join(f'"{n}"' for n in declared) or f"none (add a [[{section}]] entry)"
         return f'no {what} is named "{name}"; expected one of: {known}'
 
-    return Rule(judge)
+    return rule(judge)
 
 
 def state_prefix_overlap(publish_to: str, state_prefix: str) -> str | None:
@@ -769,7 +753,7 @@ def state_prefix_overlap(publish_to: str, state_prefix: str) -> str | None:
     )
 
 
-OUTSIDE_STATE_PREFIX = Rule(lambda path, context: state_prefix_overlap(path, context.state_prefix))
+OUTSIDE_STATE_PREFIX = rule(lambda path, context: state_prefix_overlap(path, context.state_prefix))
 
 
 def _runbook(value: object) -> str:
@@ -894,16 +878,15 @@ class Unique:
 @dataclasses.dataclass(frozen=True)
 class NotAKey:
     """A key of the base table that a variant does not take (it keeps its default): a file
-    that sets it gets "unknown key", or `why` it is refused, and listings leave it out."""
+    that sets it gets "unknown key", or with `named` the variant's `refusal(key)` (an override
+    may set it, to be refused so), and listings leave it out."""
 
-    why: str | None = None
+    named: bool = False
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
     ) -> CoreSchema:
         def refuse(value: Any) -> Any:
-            if self.why:
-                raise problem(self.why)
             raise PydanticKnownError("unexpected_keyword_argument")
 
         return core_schema.no_info_plain_validator_function(refuse)

@@ -1,8 +1,5 @@
-"""Reading the schema itself: each table's keys, and where a key path leads.
-
-The loader asks the schema, never a list of its own, which keys a table has (unknown keys,
-"did you mean", `KEYTURN_…` overrides) and what a key expects ("missing; expected …").
-`tables()` lists every table of the file (the docs test checks each key is documented).
+"""Reading the schema: each table's keys, what each key expects, where an error's `loc` leads
+(the loader and the overrides ask the schema, never a list of their own).
 """
 
 from __future__ import annotations
@@ -40,11 +37,11 @@ class Node:
 @functools.cache
 def keys(model: type, *, refused: bool = False) -> Mapping[str, FieldInfo]:
     """A table's keys (a field's alias or name) in the schema's order; with `refused`, the
-    keys of another variant it refuses by name instead (a credential's of the other kind)."""
+    keys of other variants it refuses by name instead (other credential kinds' keys)."""
     found = {}
     for name, info in fields_of(model).items():
         marker = next((m for m in info.metadata if isinstance(m, NotAKey)), None)
-        wanted = bool(marker and marker.why) if refused else marker is None
+        wanted = bool(marker and marker.named) if refused else marker is None
         if info.init is not False and wanted:
             found[info.alias or name] = info
     return MappingProxyType(found)

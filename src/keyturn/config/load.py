@@ -1,13 +1,6 @@
-"""Loading the configuration: TOML + `KEYTURN_…` overrides → a validated `Config`.
-
-The schema (`keyturn.config.schema`) does the validating; this module reads the file, names
-its entries, applies the overrides, and turns pydantic's errors into problem lines, in this
-one place. Every problem is collected, then raised at once as one `ConfigError` whose lines
-read `<file>: <key path>: <what was wrong>; expected <what>` (or `<file>: environment
-KEYTURN_X: <key path>: …` for a value an override set). A key path names an entry by its name
-when it has a valid one that no earlier entry has (`credentials["reporting"]`), by its
-position otherwise (`credentials[2]`). No line holds the value of a secret: pydantic's own
-messages and inputs are never shown. Either the whole file is valid or nothing is returned.
+"""Loading the configuration: TOML and `KEYTURN_…` overrides, validated into a `Config`, every
+problem at once as one line naming the file and the key path (docs/configuration.md#errors);
+no line holds a secret: pydantic's own messages and inputs are never shown.
 """
 
 from __future__ import annotations
@@ -293,6 +286,9 @@ class Document:
 
     def _unknown_key(self, spot: Spot) -> str:
         assert spot.owner is not None
+        variant: Any = spot.owner
+        if spot.loc[-1] in keys(variant, refused=True):  # another variant's key, named
+            return str(variant.refusal(spot.loc[-1]))
         known = list(keys(spot.owner))
         context = ""
         if spot.tag is not None:

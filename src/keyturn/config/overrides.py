@@ -1,12 +1,5 @@
-"""`KEYTURN_…` overrides: an environment variable sets one scalar key of the file.
-
-A key's variable is `KEYTURN_` and its key path in upper case, `_` between parts and `-` read
-as `_` (`KEYTURN_VAULT_TIMEOUT`); an entry is picked by its name
-(`KEYTURN_CREDENTIALS_WEB_APP_REFRESH_MARGIN`). Which keys a table has comes from the schema,
-after its `method`, `type` or `kind`, which a variable may set too. A value goes into the data
-as the file's would be, read by the key's type (`true`/`1`, numbers, "200,201", a JSON
-array). Every variable of the namespace that sets no key is a problem, with the closest
-valid name when there is one.
+"""`KEYTURN_…` overrides: a variable sets one scalar key of the file, read by the key's type;
+a variable of the namespace that sets nothing is a problem (docs/configuration.md).
 """
 
 from __future__ import annotations

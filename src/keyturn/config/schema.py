@@ -1,26 +1,7 @@
-"""The configuration's schema: one frozen dataclass per TOML table (`fields.table`), which
-pydantic validates when it reads a file and nothing judges when the code makes one.
-
-These models are the single source of truth for the file's keys (a field's name, or its
-`alias`), their types and ranges (pydantic's own, strict, with `Field(ge=…, le=…)`, or one of
-the project's value types, `Annotated[T, <a check from keyturn.config.fields>]`), their
-defaults and their `Literal`s. `keyturn.config.load` validates the file against `Config`:
-unknown keys are refused (`extra="forbid"`); `[vault].auth`, `[[rotators]]`,
-`[[credentials]]` (`keyturn.config.credentials`) and `[[alerts]]` are discriminated unions on
-`method` / `type` / `kind`, each variant with its own keys. Where the file's shape differs
-from the object the code reads, `Via(<table>)` validates the table and `build()`s the object:
-`[metrics]` (MetricsSettings), `refresh`/`backoff` (keyturn.policy's policies),
-`create`/`revoke` (HttpCall). Durations are float seconds; secret inputs are `SecretRef`s,
-never values.
-
-    Config ── keyturn: DaemonSettings, vault: VaultSettings (auth: TokenAuth | TokenFileAuth |
-              AppRoleAuth | KubernetesAuth), metrics: MetricsSettings,
-              providers: {name: ProviderConfig}, rotators: {name: HttpRotatorConfig (create,
-              revoke: HttpCall; find: HttpFind) | ExecRotatorConfig | ManualRotatorConfig},
-              credentials: (OAuthClientCredential | ApiKeyCredential, each a CredentialConfig
-              (refresh, backoff, rotation: RotationPolicy, sinks: (SinkConfig (on_publish:
-              HookConfig), ...)), ...),
-              alerts: (AlertHookConfig, ...), usage: UsageSettings | None
+"""The configuration's schema: one frozen dataclass per TOML table (`fields.table`), the single
+source of the file's keys, types, ranges and defaults. pydantic validates a file against
+`Config` (`load`); an object the code makes is taken as it is. `Via(<table>)` marks a key whose
+table `build()`s the object the code reads.
 """
 
 from __future__ import annotations
@@ -86,6 +67,8 @@ from keyturn.config.fields import (
     Table,
     Via,
     Where,
+    array,
+    array_of,
     body_template,
     command,
     context_of,
@@ -97,7 +80,6 @@ from keyturn.config.fields import (
     json_or_split,
     json_pointer,
     kv_path,
-    nonempty,
     number,
     path_template,
     report,
@@ -177,14 +159,7 @@ def transport(
 
 @table()
 class DaemonSettings(Table):
-    """`[keyturn]`: daemon-wide settings. instance_id: this instance's name in Vault metadata
-    and locks. state_prefix: keyturn's private KV prefix, which apps must not read.
-    vault_concurrency: threads for (blocking) hvac calls. watch_interval: seconds between
-    sweeps of the published paths for changes made outside keyturn (0: none), which
-    on_external_change puts right ("republish") or only reports ("alert"). takeover_after:
-    the longest takeover: an instance whose heartbeat has not moved for its takeover is gone,
-    and the others take its share of the credentials; the instances beat to a shorter one
-    when their tokens need it (`keyturn.members`)."""
+    """`[keyturn]`: daemon-wide settings (docs/configuration.md; takeover: `keyturn.members`)."""
 
     instance_id: Annotated[
         str, text("an identifier without spaces, at most 253 characters", r"^\S{1,253}$")
@@ -240,9 +215,7 @@ VaultAuth = TokenAuth | TokenFileAuth | AppRoleAuth | KubernetesAuth
 
 @table(kw_only=True)
 class VaultSettings(Table):
-    """`[vault]`: where keyturn stores and publishes, and how it logs in. address: without a
-    trailing slash. renew_margin: keyturn renews its own token at 2/3 of its TTL and no later
-    than this before it expires. nodes: more addresses of the cluster, tried in turn."""
+    """`[vault]`: where keyturn stores and publishes, and how it logs in."""
 
     address: Annotated[str, URL]
     allow_insecure_http: Annotated[bool, BOOLEAN] = False
@@ -267,10 +240,8 @@ class VaultSettings(Table):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MetricsSettings:
-    """Where /metrics, /healthz, /readyz and /usage listen. `host` has no brackets.
-    web_config: the exporter toolkit's web configuration (TLS, client certificates, basic
-    auth), read; None: plain HTTP without authentication. open_paths: the paths served
-    without basic auth (of OPEN_PATHS)."""
+    """Where /metrics, /healthz, /readyz and /usage listen (`host` without brackets), and how
+    (web_config None: plain HTTP without authentication)."""
 
     host: str = "127.0.0.1"
     port: int = 9797
@@ -289,18 +260,15 @@ _OPEN_PATHS_EXPECTED = 'an array of "/healthz" and "/readyz", e.g. ["/healthz"]'
 
 
 def _open_paths(value: object) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise Invalid(f"got {describe(value)}; expected {_OPEN_PATHS_EXPECTED}")
-    for item in value:
-        if item not in OPEN_PATHS:
-            raise Invalid(f"got {describe(item)} in the array; expected {_OPEN_PATHS_EXPECTED}")
-    return tuple(dict.fromkeys(value))
+    def open_path(item: object) -> object:
+        return item if item in OPEN_PATHS else None
+
+    return () if value == [] else array(value, _OPEN_PATHS_EXPECTED, open_path)
 
 
 @table()
 class MetricsTable(Table):
-    """`[metrics]`: `listen` is "host:port" (absent: MetricsSettings' defaults); `web_config`
-    the exporter toolkit's web configuration file (keyturn.config.webconfig), read at load."""
+    """`[metrics]`, as the file has it."""
 
     listen: Annotated[tuple[str, int] | None, LISTEN] = None
     web_config: Annotated[Path | None, FS_PATH] = None
@@ -324,11 +292,8 @@ class MetricsTable(Table):
 
 @table(kw_only=True)
 class ProviderConfig(Table):
-    """`[[providers]]`: one OAuth 2.0 authorization server / API. base_url: without a trailing
-    slash. rate_limit: requests per second for keyturn's own calls (None: unlimited).
-    default_lifetime: seconds, when a token response has no expires_in.
-    refresh_token_max_lifetime: the absolute lifetime of a refresh-token family, from the
-    grant or consent that began it (None: the provider sets none, or keyturn is not told)."""
+    """`[[providers]]`: one OAuth 2.0 authorization server / API (`base_url` without a trailing
+    slash)."""
 
     name: Annotated[str, ENTRY_NAME]
     base_url: Annotated[str, URL]
@@ -373,10 +338,7 @@ class ProviderConfig(Table):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HttpCall:
-    """One call of an `http` rotator to the provider's key API. path: relative to the
-    provider's base_url, with `{placeholders}`; body: a JSON template (placeholders filled
-    JSON-string-escaped); value / id: JSON pointers to the new key's value and id; ok_status:
-    the statuses of success (for revoke, 404 and 410 too)."""
+    """One call of an `http` rotator to the provider's key API (`create` or `revoke`)."""
 
     path: str
     method: HttpMethod = "POST"
@@ -510,20 +472,14 @@ _NETWORKS_EXPECTED = (
 )
 
 
-def _networks(value: object) -> tuple[str, ...]:
-    networks = []
-    for item in nonempty(value, _NETWORKS_EXPECTED):
-        try:
-            network = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
-        except ValueError:
-            network = None
-        if network is None:
-            raise Invalid(f"got {describe(item)} in the array; expected {_NETWORKS_EXPECTED}")
-        networks.append(str(network))
-    return tuple(dict.fromkeys(networks))
+def _network(item: object) -> str | None:
+    try:
+        return str(ipaddress.ip_network(item, strict=False)) if isinstance(item, str) else None
+    except ValueError:
+        return None
 
 
-NETWORKS = Check(_NETWORKS_EXPECTED, _networks, json_or_split)
+NETWORKS = array_of(_NETWORKS_EXPECTED, _network, json_or_split)
 
 _AUDIT_ADDRESS_EXPECTED = (
     'where keyturn listens for Vault\'s socket audit device: "host:port" (e.g. '
@@ -551,14 +507,7 @@ _ONLY_FOR = {"file": ("file", "prefix"), "socket": ("socket",)}
 
 @table(kw_only=True)
 class UsageSettings(Table):
-    """`[usage]`: who reads the published credentials, from Vault's audit log (keyturn.usage,
-    docs/usage.md). source: "file" (keyturn tails `file`, Vault's file audit device, and
-    remembers where it stopped in `position_file`) or "socket" (keyturn listens on `socket`
-    for Vault's socket audit device, connecting from `allowed_networks`). prefix: the device's
-    `prefix` option. The detectors' rules (keyturn.usage.DetectorSettings): learning,
-    rate_window, rate_factor, rate_floor, repeat. max_consumers: identities kept by name per
-    credential (the rest count as `other`); consumer_labels: how many of those have a
-    `consumer` label of their own in metrics."""
+    """`[usage]`: who reads the published credentials, from Vault's audit log (docs/usage.md)."""
 
     source: UsageSource
     file: Annotated[Path | None, FS_PATH] = None
@@ -604,17 +553,13 @@ class UsageSettings(Table):
 
 @table(kw_only=True)
 class AlertHookConfig(Table):
-    """`[[alerts]]`: one alert hook (see keyturn.alerts). The file's tables are its types below,
-    each with its own `url` and without the keys it does not take. url: a reference, or
-    `SecretRef.inline(url)` for a plain URL (never for slack); None: PagerDuty's own endpoint.
-    routing_key: PagerDuty's integration key. detectors / credentials: the only ones this hook
-    takes (None: all). rate_limit: firing alerts per minute. repeat_interval: seconds before a
-    still-firing alert is sent again. runbook_base: None for keyturn's own runbook."""
+    """`[[alerts]]`: one alert hook (keyturn.alerts), as the code reads it; the file's tables
+    are its types below, each with its own `url` and without the keys it does not take."""
 
     name: Annotated[str, ENTRY_NAME]
     type: AlertHookType
     url: SecretRef | None = None
-    routing_key: SecretRef | None = None
+    routing_key: Annotated[SecretRef | None, NOT_A_KEY] = None  # pagerduty's only
     min_severity: AlertSeverity = "warning"
     detectors: Annotated[
         tuple[str, ...] | None,
@@ -647,7 +592,6 @@ class AlertHookConfig(Table):
 class WebhookHookConfig(AlertHookConfig):
     type: Literal["webhook"]
     url: Annotated[SecretRef, url_or_reference("the URL alerts are POSTed to")]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 @table(kw_only=True)
@@ -662,7 +606,6 @@ class SlackHookConfig(AlertHookConfig):
             "is a secret)"
         ),
     ]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 @table(kw_only=True)
@@ -679,7 +622,6 @@ class AlertmanagerHookConfig(AlertHookConfig):
         SecretRef,
         url_or_reference('Alertmanager\'s base URL, e.g. "https://alertmanager.example.com:9093"'),
     ]
-    routing_key: Annotated[None, NOT_A_KEY] = None
 
 
 AlertHookVariant = (

@@ -1,16 +1,5 @@
-"""Templates and JSON pointers of `http` rotators, shared by the loader and the rotator.
-
-A template is a path or a JSON body with `{placeholder}`s:
-
-    path = "/admin/oauth-apps/{client_id}/secrets/{key_id}"
-    body = '{"name": "{key_name}", "description": "rotated by keyturn"}'
-
-In a path a value is URL-quoted (every character but unreserved ones, and the dots of a value
-that is "." or "..", which would otherwise be a dot segment); in a body it is
-JSON-string-escaped, so a body placeholder belongs inside a JSON string. A JSON object's
-keys are always quoted, so `{identifier}` never occurs in JSON itself: every such match in a
-body is a placeholder. A JSON pointer (RFC 6901) names a value in a response: "" is the
-whole document, "/a/0/b" a path into it, with `~1` for "/" and `~0` for "~".
+"""Templates and JSON pointers of `http` rotators, shared by the loader and the rotator: a
+placeholder is URL-quoted in a path and JSON-string-escaped in a body (docs/configuration.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What a credential adds to its token requests: `audience`, `resource` (RFC 8707) and a
-table of extra parameters, `token_params` (docs/configuration.md#token-request-parameters).
-
-None of them is a secret: a `token_params` value that looks like a reference is resolved like
-any other input, but the docs say never to put a secret there. A name keyturn sets itself
-(`grant_type`, `client_id`, ...) is refused at load: the request would carry it twice.
+"""What a credential adds to its token requests: `audience`, `resource` (RFC 8707) and
+`token_params` (docs/configuration.md#token-request-parameters); a name keyturn sets itself is
+refused, since the request would carry it twice.
 """
 
 from __future__ import annotations

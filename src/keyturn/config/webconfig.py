@@ -1,22 +1,6 @@
-"""`[metrics] web_config`: the Prometheus exporter toolkit's web configuration file, read.
-
-The file is YAML in the toolkit's format (github.com/prometheus/exporter-toolkit,
-docs/web-configuration.md); keyturn implements part of it and refuses the rest at load:
-
-    tls_server_config:
-      cert_file: server.crt           # required with tls_server_config (relative: to this file)
-      key_file: server.key            # required with tls_server_config
-      client_auth_type: NoClientCert  # or VerifyClientCertIfGiven, RequireAndVerifyClientCert
-      client_ca_file: ca.crt          # required by (and only with) the two verifying types
-      min_version: TLS12              # or TLS13
-      max_version: TLS13              # or TLS12; absent: the newest
-    basic_auth_users:
-      prometheus: $2b$12$...          # user: bcrypt hash
-
-Unknown keys are refused like a configuration key's ("unknown key; did you mean"), and so are
-the toolkit's keys keyturn does not implement ("not supported by keyturn"). Problems name the
-file and the key path, never a hash. `load_web_config` also loads the certificate, key and CA
-once, so a file that cannot be used is a problem at load, not at the first scrape.
+"""`[metrics] web_config`: the Prometheus exporter toolkit's web configuration file (YAML),
+the part keyturn implements; the rest is refused at load (docs/configuration.md). The
+certificate, key and CA are loaded once at load, so an unusable file is a load problem.
 """
 
 from __future__ import annotations
