@@ -22,10 +22,14 @@ $(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml con
 demo: $(STAMP)
 	$(BIN)/keyturn demo
 
-test: $(STAMP)
-	bash scripts/system-deps.sh
-	$(BIN)/ruff check src devkit tests bench clients
-	$(BIN)/mypy
+# The Debian and npm packages (scripts/system-deps.sh, mostly downloads) install while the venv
+# is made and linted, not after; their output is shown once both are done.
+test:
+	@mkdir -p build
+	@{ bash scripts/system-deps.sh > build/system-deps.log 2>&1; echo $$? > build/system-deps.rc; } & \
+	$(MAKE) --no-print-directory $(STAMP) && $(BIN)/ruff check src devkit tests bench clients \
+		&& $(BIN)/mypy; status=$$?; wait; cat build/system-deps.log; \
+	test $$status -eq 0 && test "$$(cat build/system-deps.rc)" = 0
 	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder
 	@cat build/image/report.txt
 
