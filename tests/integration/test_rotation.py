@@ -149,10 +149,11 @@ def test_api_keys_rotate_end_to_end(
     daemon = daemons(deployment)
     sampler = sampler_for(deployment)
     sampler.wait_for("orders")
-    # Until the fourth key (three rotations) is published and the third key is retired.
+    # Until the fourth key (three rotations) is published and the third key is retired: about
+    # 10 s, more on a busy machine where each exec rotation starts two processes.
     sampler.run(
         ["orders"],
-        seconds=20,
+        seconds=40,
         until=lambda: (
             len(sampler.key_ids("orders")) >= 4
             and daemon.log_text().count('"rotation.retired"') >= 3

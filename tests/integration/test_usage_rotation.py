@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.openbao, pytest.mark.sandbox, pytest.mark.slow]
 # max_grace leaves room between the slow app's move (after 4 s, then a `status` and a `usage`
 # process, a few seconds on a busy machine) and max_grace, so "revoked once moved" shows; the
 # next rotation comes well after max_grace, so the last status still sees the first one's end.
-MAX_AGE, GRACE, MAX_GRACE, WINDOW = 24.0, 1.0, 14.0, 15.0
+MAX_AGE, GRACE, MAX_GRACE, WINDOW = 30.0, 1.0, 20.0, 21.0
 SLOW_AFTER = 4.0  # the slow app re-reads `moves` this long after its new key was published
 
 
@@ -185,7 +185,7 @@ def test_the_old_key_is_revoked_once_its_consumers_moved_or_at_max_grace(
         assert detail.endswith("still read the old value (version 1 or older): token-slow")
         assert status_rows(deployment.config_path, deployment.env)["stays"]["rotation_phase"] in (
             "idle",
-            "creating",  # the next rotation (24 s) may be on its way
+            "creating",  # the next rotation (30 s) may be on its way
             "pending",
             "verified",
         )
