@@ -16,22 +16,16 @@ import ssl
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 
 from keyturn.config import CredentialConfig
-from keyturn.providers.assertions import (
-    CLIENT_ASSERTION_TYPE,
-    JWT_BEARER_GRANT,
-    Algorithm,
-    SigningKey,
-    bearer_assertion,
-    client_assertion,
-    load_certificate,
-    load_service_account,
-    load_signing_key,
-)
+
+# keyturn.providers.assertions (PyJWT, cryptography: a tenth of a second to import) is imported
+# where a keyless client is used, not by every keyturn process.
+if TYPE_CHECKING:
+    from keyturn.providers.assertions import Algorithm, SigningKey
 from keyturn.references import SecretRef
 from keyturn.secret import Secret
 
@@ -74,11 +68,13 @@ class ClientKey:
     ) -> Secret | None:
         """Add this client's authentication to a request's `fields` (and, for a JWT bearer
         grant, its grant); returns the assertion sent, if any, so an error never quotes it."""
+        from keyturn.providers import assertions  # noqa: PLC0415 - see the imports
+
         sent = None
         if self.bearer is not None and fields.get("grant_type") == "client_credentials":
             assert self.signing_key is not None
             claims = self.bearer
-            sent = bearer_assertion(
+            sent = assertions.bearer_assertion(
                 self.signing_key,
                 issuer=claims.issuer,
                 subject=claims.subject,
@@ -86,15 +82,15 @@ class ClientKey:
                 scope=claims.scope,
                 now=now,
             )
-            fields["grant_type"] = JWT_BEARER_GRANT
+            fields["grant_type"] = assertions.JWT_BEARER_GRANT
             fields["assertion"] = sent.reveal()
             fields.pop("scope", None)  # the assertion carries it (as Google reads it)
         if self.method == "private_key_jwt":
             assert self.signing_key is not None
-            sent = client_assertion(
+            sent = assertions.client_assertion(
                 self.signing_key, client_id=client_id, audience=audience, now=now
             )
-            fields["client_assertion_type"] = CLIENT_ASSERTION_TYPE
+            fields["client_assertion_type"] = assertions.CLIENT_ASSERTION_TYPE
             fields["client_assertion"] = sent.reveal()
         if self.method is not None:
             fields["client_id"] = client_id
@@ -125,6 +121,8 @@ def keyless_client(
     bearer: BearerClaims | None = None,
 ) -> ClientKey:
     """Check the key and certificate once and build the credential's `ClientKey`."""
+    from keyturn.providers.assertions import load_certificate, load_signing_key  # noqa: PLC0415
+
     cert_pem = None if certificate is None else certificate.reveal()
     signing_key = None
     if key is not None:
@@ -174,6 +172,8 @@ async def resolve_keyless(
     if credential.grant == "jwt_bearer":
         issuer, audience = client_id, credential.assertion_audience
         if account is not None:
+            from keyturn.providers.assertions import load_service_account  # noqa: PLC0415
+
             loaded = load_service_account(credential.name, account, field="service_account")
             key, alg, kid = loaded.key.pem, loaded.key.alg, kid or loaded.key.kid
             issuer, audience = loaded.client_email, audience or loaded.token_uri

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
@@ -28,8 +29,7 @@ from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal, Task
 from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RepublishKey, RotationRules
 from keyturn.jobs.steps import publish_with_cas
 from keyturn.kinds.base import Kind, Resolve
-from keyturn.kinds.signing_key import keys, record
-from keyturn.kinds.signing_key.keys import SigningKey
+from keyturn.kinds.signing_key import record
 from keyturn.kinds.signing_key.registration import (
     JwksDocument,
     PublicKey,
@@ -40,6 +40,11 @@ from keyturn.kinds.signing_key.registration import (
 from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.client_auth import ClientKey
+
+# The key pairs (cryptography, PyJWT: a tenth of a second to import) are loaded when a signing
+# key is made or used, not by every keyturn process that registers this kind.
+if TYPE_CHECKING:
+    from keyturn.kinds.signing_key.keys import SigningKey
 from keyturn.rotators.base import KeyRegistry, NewKey, RotationRequest, Rotator
 from keyturn.secret import Secret
 from keyturn.state import CredentialState
@@ -53,7 +58,7 @@ REGISTERED = "registered"
 # Proves a key: a token request for the client, authenticated by an assertion signed with it
 # (`private_key_jwt`); VerificationFailed if the server refuses it.
 # (credential, client, client_id, key, now)
-Prover = Callable[[SigningKeyCredential, ProviderClient, str, SigningKey], Awaitable[None]]
+Prover = Callable[[SigningKeyCredential, ProviderClient, str, "SigningKey"], Awaitable[None]]
 
 
 def published_fields(
@@ -90,6 +95,8 @@ class KeyMaker:
 
     async def create(self, request: RotationRequest) -> NewKey:
         credential = self._target.credential
+        from keyturn.kinds.signing_key import keys  # noqa: PLC0415 - see the imports
+
         made = keys.generate(credential.name, credential.algorithm, credential.key_size)
         return NewKey(keys.stored(made), made.kid)
 
@@ -136,6 +143,8 @@ class SigningKeyTarget:
         return self._journal
 
     def _load(self, value: Secret) -> SigningKey:
+        from keyturn.kinds.signing_key import keys  # noqa: PLC0415 - see the imports
+
         return keys.load(value, credential=self.credential.name)
 
     def _current(self) -> PublicKey | None:
@@ -341,6 +350,8 @@ async def live_check(
     assert isinstance(credential, SigningKeyCredential)
     if state is None or state.rotation.key is None:
         return "no key yet: keyturn makes one on its first run; nothing to prove"
+    from keyturn.kinds.signing_key import keys  # noqa: PLC0415 - see the imports
+
     key = keys.load(state.rotation.key, credential=credential.name)
     client_id = (await resolve(credential.client_id)).reveal()
     await PROVE(credential, client, client_id, key)
