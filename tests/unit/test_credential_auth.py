@@ -91,8 +91,8 @@ def test_a_loop_is_refused_in_one_line_naming_it() -> None:
     [line] = problems(text)
     assert line == (
         'k.toml: credentials["a"].rotation.rotator: authenticates through a loop of '
-        "credentials: a -> b -> a (each one's rotator uses the token of the next); expected a "
-        "chain that ends in a credential authenticated otherwise"
+        "credentials: a -> b -> a (a's rotator uses b's token; b's rotator uses a's token); "
+        "expected a chain that ends in a credential authenticated otherwise"
     )
 
 
