@@ -160,8 +160,7 @@ async def live_check(
     else:
         return "no key yet: keyturn creates one on its first run; nothing to probe"
     assert credential.probe is not None  # an api_key always has one (configuration rule)
-    await probe_value(credential, client, key, which)
-    return f"{which} accepted by probe {credential.probe}"
+    return f"{which} {await probe_value(credential, client, key, which)}"
 
 
 KIND = Kind(

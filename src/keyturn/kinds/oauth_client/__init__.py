@@ -209,8 +209,10 @@ async def live_check(
     try:
         if not credential.probe:
             return f"token issued{accepted} (no probe configured)"
-        await probe_value(credential, client, token.access_token, "a token issued just now")
-        return f"token issued{accepted} and accepted by probe {credential.probe}"
+        probed = await probe_value(
+            credential, client, token.access_token, "a token issued just now"
+        )
+        return f"token issued{accepted} and {probed}"
     finally:
         await revoke_verification_grant(client, credential.name, token, client_id, secret)
 
