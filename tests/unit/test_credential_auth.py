@@ -366,3 +366,34 @@ async def test_a_probe_with_no_published_admin_token_is_a_probe_without_an_answe
         "billing: probe_auth: credential:kc-admin: no published token to use"
     )
     assert seen == []
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sent", "status"),
+    [
+        (["admin-1", "admin-2"], ["admin-1", "admin-2"], 200),  # replaced meanwhile: sent again
+        (["admin-1", "admin-1"], ["admin-1"], 401),  # the same token refused: a refusal
+    ],
+)
+async def test_a_probe_refused_with_a_token_replaced_meanwhile_is_sent_once_more(
+    tokens: list[str], sent: list[str], status: int
+) -> None:
+    """A server that revokes the admin token at its refresh may refuse the one just read."""
+    reads = iter(tokens)
+    seen: list[httpx.Request] = []
+
+    async def token() -> Secret:
+        return Secret(next(reads))
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200 if request.headers["Authorization"] == "Bearer admin-2" else 401)
+
+    client = ProviderClient(
+        CONFIG.providers["kc"], clock=FakeClock(), transport=httpx.MockTransport(handle)
+    )
+    auth = ProbeAuth(token, "X-Api-Key")
+    assert await send_probe(client, "billing", "/check", Secret("key-1"), auth) == status
+    assert [r.headers["Authorization"].removeprefix("Bearer ") for r in seen] == sent
+    assert {r.headers["X-Api-Key"] for r in seen} == {"key-1"}
+    await client.aclose()

@@ -106,15 +106,26 @@ async def send_probe(
     probe_auth: ProbeAuth | None,
 ) -> int:
     """The probe's status: `value` as the bearer credential, or with `probe_auth`, in its
-    header beside the other credential's token."""
+    header beside the other credential's token. A 401/403 to a token replaced meanwhile (a
+    server may revoke it at its refresh) is sent again once with the new one: the refusal was
+    of the old token, not of `value`."""
     if probe_auth is None:
         return await client.probe(credential, probe, Secret(f"Bearer {value.reveal()}"))
-    try:
-        token = await probe_auth.token()
-    except ProviderUnavailable as error:
-        raise ProviderUnavailable(error.message, credential=credential) from error
-    authorization = Secret(f"Bearer {token.reveal()}")
-    return await client.probe(credential, probe, authorization, {probe_auth.header: value})
+    sent: Secret | None = None
+    status = 0
+    for _ in range(2):
+        try:
+            token = await probe_auth.token()
+        except ProviderUnavailable as error:
+            raise ProviderUnavailable(error.message, credential=credential) from error
+        if sent is not None and token.reveal() == sent.reveal():
+            break
+        sent = token
+        authorization = Secret(f"Bearer {token.reveal()}")
+        status = await client.probe(credential, probe, authorization, {probe_auth.header: value})
+        if status not in (401, 403):
+            break
+    return status
 
 
 async def verify_with_probe(
