@@ -372,7 +372,7 @@ async def test_a_probe_with_no_published_admin_token_is_a_probe_without_an_answe
     ("tokens", "sent", "status"),
     [
         (["admin-1", "admin-2"], ["admin-1", "admin-2"], 200),  # replaced meanwhile: sent again
-        (["admin-1", "admin-1"], ["admin-1"], 401),  # the same token refused: a refusal
+        (["admin-1", "admin-1"], ["admin-1"], 401),  # the same token refused: no answer
     ],
 )
 async def test_a_probe_refused_with_a_token_replaced_meanwhile_is_sent_once_more(
@@ -392,8 +392,12 @@ async def test_a_probe_refused_with_a_token_replaced_meanwhile_is_sent_once_more
     client = ProviderClient(
         CONFIG.providers["kc"], clock=FakeClock(), transport=httpx.MockTransport(handle)
     )
-    auth = ProbeAuth(token, "X-Api-Key")
-    assert await send_probe(client, "billing", "/check", Secret("key-1"), auth) == status
+    auth = ProbeAuth(token, "X-Api-Key", "credential:kc-admin")
+    if status == 401:
+        with pytest.raises(ProviderUnavailable, match="HTTP 401 to probe_auth's token"):
+            await send_probe(client, "billing", "/check", Secret("key-1"), auth)
+    else:
+        assert await send_probe(client, "billing", "/check", Secret("key-1"), auth) == status
     assert [r.headers["Authorization"].removeprefix("Bearer ") for r in seen] == sent
     assert {r.headers["X-Api-Key"] for r in seen} == {"key-1"}
     await client.aclose()

@@ -85,6 +85,7 @@ class ProbeAuth:
 
     token: Callable[[], Awaitable[Secret]]
     header: str
+    source: str = "another credential"  # what the token is, for errors: "credential:NAME"
 
     @classmethod
     def of(cls, credential: CredentialConfig, deps: JobDeps) -> ProbeAuth | None:
@@ -95,7 +96,7 @@ class ProbeAuth:
         token = deps.credential_token(
             credential.probe_auth, field="probe_auth", error=ProviderUnavailable
         )
-        return cls(token, credential.probe_header)
+        return cls(token, credential.probe_header, str(credential.probe_auth))
 
 
 async def send_probe(
@@ -107,8 +108,8 @@ async def send_probe(
 ) -> int:
     """The probe's status: `value` as the bearer credential, or with `probe_auth`, in its
     header beside the other credential's token. A 401/403 to a token replaced meanwhile (a
-    server may revoke it at its refresh) is sent again once with the new one: the refusal was
-    of the old token, not of `value`."""
+    server may revoke it at its refresh) is sent again once with the new one; a 401 still is a
+    probe without an answer (the other's token was refused, not `value`), a 403 a refusal."""
     if probe_auth is None:
         return await client.probe(credential, probe, Secret(f"Bearer {value.reveal()}"))
     sent: Secret | None = None
@@ -125,6 +126,12 @@ async def send_probe(
         status = await client.probe(credential, probe, authorization, {probe_auth.header: value})
         if status not in (401, 403):
             break
+    if status == 401:  # Authorization (the other's token) refused: nothing said of `value`
+        raise ProviderUnavailable(
+            f"probe {probe}: HTTP 401 to probe_auth's token ({probe_auth.source}); the "
+            "credential's own value was not judged",
+            credential=credential,
+        )
     return status
 
 
