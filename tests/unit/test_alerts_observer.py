@@ -206,7 +206,7 @@ async def probe_failure(status: int) -> Exception:
             credential="app1",
             provider="acme",
             probe="/v1/users",
-            authorization=Secret("Bearer at-0123456789abcdef"),
+            value=Secret("at-0123456789abcdef"),
             what="access token",
         )
     except Exception as error:

@@ -4,18 +4,25 @@ time: the token is read from where that credential is published, afresh at each 
 
 from __future__ import annotations
 
+import random
+
 import httpx
 import pytest
 
 from keyturn.clock import FakeClock
 from keyturn.config import parse_config
 from keyturn.config.credential_auth import CredentialAuth
-from keyturn.errors import ConfigError, RotationError
+from keyturn.errors import ConfigError, ProviderUnavailable, RotationError
+from keyturn.jobs.job import JobDeps
+from keyturn.jobs.steps import ProbeAuth, send_probe
 from keyturn.kinds.registry import published_value
+from keyturn.providers.client import ProviderClient
 from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.rotators.base import RotationRequest
 from keyturn.rotators.build import build_rotator
 from keyturn.rotators.http import HttpRotator
+from keyturn.secret import Secret
+from keyturn.testing.observer import RecordingObserver
 from keyturn.testing.vault import FakeVaultStore
 from keyturn_devkit.harness.configs import VAULT
 
@@ -91,8 +98,8 @@ def test_a_loop_is_refused_in_one_line_naming_it() -> None:
     [line] = problems(text)
     assert line == (
         'k.toml: credentials["a"].rotation.rotator: authenticates through a loop of '
-        "credentials: a -> b -> a (each one's rotator uses the token of the next); expected a "
-        "chain that ends in a credential authenticated otherwise"
+        "credentials: a -> b -> a (a's rotator uses b's token; b's rotator uses a's token); "
+        "expected a chain that ends in a credential authenticated otherwise"
     )
 
 
@@ -184,3 +191,213 @@ def test_the_environment_sets_a_credential_auth() -> None:
     environ = {"KEYTURN_ROTATORS_KC_SECRETS_AUTH": "credential:kc-admin"}
     config = parse_config(VAULT + PROVIDER + text, "k.toml", environ)
     assert config.rotators["kc-secrets"].auth == CredentialAuth("kc-admin")  # type: ignore[union-attr]
+
+
+# -- a probe and a registration call authenticated by another credential ----------------------
+
+
+def key_rotator(name: str, auth: str) -> str:
+    """An http rotator for API keys (no {client_id} in its paths)."""
+    return rotator(name, auth).replace("/clients/{client_id}/client-secret", "/keys")
+
+
+def api_key(name: str, rotated_by: str, extra: str = "") -> str:
+    return f"""
+[[credentials]]
+name = "{name}"
+provider = "kc"
+kind = "api_key"
+publish_to = "apps/{name}/key"
+probe = "/admin/keys/check"
+rotation = {{ max_age = "30d", rotator = "{rotated_by}" }}
+{extra}"""
+
+
+def signing_key(name: str, extra: str) -> str:
+    return f"""
+[[credentials]]
+name = "{name}"
+provider = "kc"
+kind = "signing_key"
+client_id = "{name}-app"
+publish_to = "apps/{name}/key"
+rotation = {{ max_age = "90d", grace = "1d" }}
+registration = {{ method = "rfc7592", client_uri = "https://kc.example.com/reg/{name}"{extra} }}
+"""
+
+
+PROBED = 'probe_auth = "credential:kc-admin"\nprobe_header = "X-Api-Key"\n'
+
+
+def test_a_probe_and_a_registration_by_another_credential_load() -> None:
+    text = key_rotator("kc-secrets", "env:ADMIN") + credential("kc-admin")
+    text += api_key("billing", "kc-secrets", PROBED)
+    text += signing_key("signer", ', auth = "credential:kc-admin"')
+    config = parse_config(VAULT + PROVIDER + text, "k.toml", {})
+    billing, signer = config.credential("billing"), config.credential("signer")
+    assert billing.probe_auth == CredentialAuth("kc-admin") and billing.probe_header == "X-Api-Key"
+    assert signer.registration.auth == CredentialAuth("kc-admin")  # type: ignore[attr-defined]
+
+
+def test_a_loop_through_a_probe_and_a_registration_is_refused_naming_each_step() -> None:
+    text = key_rotator("by-signer", "credential:signer") + credential("kc-admin")
+    text += api_key("billing", "by-signer", PROBED.replace("kc-admin", "billing"))
+    text += signing_key("signer", ', auth = "credential:billing"')
+    text = text.replace('probe_auth = "credential:billing"', 'probe_auth = "credential:signer"')
+    [line] = problems(text)
+    assert line == (
+        'k.toml: credentials["billing"].rotation.rotator: authenticates through a loop of '
+        "credentials: billing -> signer -> billing (billing's rotator uses signer's token; "
+        "signer's registration uses billing's token); expected a chain that ends in a "
+        "credential authenticated otherwise"
+    )
+
+
+def test_a_probe_authenticated_by_its_own_credential_is_a_loop() -> None:
+    text = key_rotator("kc-secrets", "env:ADMIN")
+    text += api_key("billing", "kc-secrets", PROBED.replace("kc-admin", "billing"))
+    [line] = problems(text)
+    assert line.startswith('k.toml: credentials["billing"].probe_auth: authenticates through ')
+    assert "billing -> billing (billing's probe uses billing's token)" in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (
+            'probe_auth = "credential:nobody"\nprobe_header = "X-Api-Key"\n',
+            'credentials["billing"].probe_auth: names credential "nobody", which is not a '
+            '[[credentials]] entry; expected one of: "billing"',
+        ),
+        (
+            'probe_auth = "credential:billing"\n',
+            'credentials["billing"].probe_header: missing, with probe_auth set',
+        ),
+        (
+            'probe_header = "X-Api-Key"\n',
+            'credentials["billing"].probe_header: is set without probe_auth',
+        ),
+        (
+            'probe_auth = "env:ADMIN_TOKEN"\nprobe_header = "X-Api-Key"\n',
+            'credentials["billing"].probe_auth: got a value that is not one; expected '
+            '"credential:<name>"',
+        ),
+    ],
+)
+def test_a_probe_auth_problem_names_the_field(extra: str, expected: str) -> None:
+    found = problems(
+        key_rotator("kc-secrets", "env:ADMIN") + api_key("billing", "kc-secrets", extra)
+    )
+    assert any(line.startswith(f"k.toml: {expected}") for line in found), found
+    assert all("ADMIN_TOKEN" not in line for line in found)
+
+
+def test_a_registration_with_both_auth_and_an_access_token_is_refused() -> None:
+    extra = ', auth = "credential:kc-admin", access_token = "env:RAT"'
+    [line] = problems(credential("kc-admin") + signing_key("signer", extra))
+    assert line.startswith(
+        'k.toml: credentials["signer"].registration.access_token: is set with auth'
+    )
+
+
+def test_an_unknown_registration_auth_is_refused_naming_it() -> None:
+    [line] = problems(credential("kc-admin") + signing_key("signer", ', auth = "credential:kc"'))
+    assert line.startswith(
+        'k.toml: credentials["signer"].registration.auth: names credential "kc", which is not'
+    )
+
+
+async def probed(store: FakeVaultStore, seen: list[httpx.Request], status: int = 200) -> list[int]:
+    """Two probes of two new keys, through `probe_auth` (the admin token published in
+    `store`), as an api_key's rotation sends them."""
+    config = parse_config(
+        VAULT
+        + PROVIDER
+        + key_rotator("kc-secrets", "env:ADMIN")
+        + credential("kc-admin")
+        + api_key("billing", "kc-secrets", PROBED),
+        "k.toml",
+        {"ADMIN": "x"},
+    )
+    deps = JobDeps(
+        store=store,
+        observer=RecordingObserver(),
+        clock=FakeClock(),
+        rng=random.Random(1),
+        instance_id="i-1",
+        published_at=lambda name: published_value(config, name),
+    )
+    auth = ProbeAuth.of(config.credential("billing"), deps)
+    assert auth is not None
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status)
+
+    client = ProviderClient(
+        config.providers["kc"], clock=FakeClock(), transport=httpx.MockTransport(handle)
+    )
+    statuses = []
+    for value in ("key-1", "key-2"):
+        statuses.append(
+            await send_probe(client, "billing", "/admin/keys/check", Secret(value), auth)
+        )
+        await store.write("apps/kc-admin/kc", {"access_token": "admin-2"}, cas=None)
+    await client.aclose()
+    return statuses
+
+
+async def test_a_probe_sends_the_other_credential_s_token_read_afresh_and_its_own_value() -> None:
+    store = FakeVaultStore()
+    await store.write("apps/kc-admin/kc", {"access_token": "admin-1"}, cas=None)
+    seen: list[httpx.Request] = []
+    assert await probed(store, seen) == [200, 200]
+    assert [(r.headers["Authorization"], r.headers["X-Api-Key"]) for r in seen] == [
+        ("Bearer admin-1", "key-1"),
+        ("Bearer admin-2", "key-2"),
+    ]
+
+
+async def test_a_probe_with_no_published_admin_token_is_a_probe_without_an_answer() -> None:
+    seen: list[httpx.Request] = []
+    with pytest.raises(ProviderUnavailable) as caught:
+        await probed(FakeVaultStore(), seen)
+    assert str(caught.value).startswith(
+        "billing: probe_auth: credential:kc-admin: no published token to use"
+    )
+    assert seen == []
+
+
+@pytest.mark.parametrize(
+    ("tokens", "sent", "status"),
+    [
+        (["admin-1", "admin-2"], ["admin-1", "admin-2"], 200),  # replaced meanwhile: sent again
+        (["admin-1", "admin-1"], ["admin-1"], 401),  # the same token refused: no answer
+    ],
+)
+async def test_a_probe_refused_with_a_token_replaced_meanwhile_is_sent_once_more(
+    tokens: list[str], sent: list[str], status: int
+) -> None:
+    """A server that revokes the admin token at its refresh may refuse the one just read."""
+    reads = iter(tokens)
+    seen: list[httpx.Request] = []
+
+    async def token() -> Secret:
+        return Secret(next(reads))
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200 if request.headers["Authorization"] == "Bearer admin-2" else 401)
+
+    client = ProviderClient(
+        CONFIG.providers["kc"], clock=FakeClock(), transport=httpx.MockTransport(handle)
+    )
+    auth = ProbeAuth(token, "X-Api-Key", "credential:kc-admin")
+    if status == 401:
+        with pytest.raises(ProviderUnavailable, match="HTTP 401 to probe_auth's token"):
+            await send_probe(client, "billing", "/check", Secret("key-1"), auth)
+    else:
+        assert await send_probe(client, "billing", "/check", Secret("key-1"), auth) == status
+    assert [r.headers["Authorization"].removeprefix("Bearer ") for r in seen] == sent
+    assert {r.headers["X-Api-Key"] for r in seen} == {"key-1"}
+    await client.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from keyturn.commands.import_signing_key import parse
 from keyturn.commands.rotate import report
 from keyturn.commands.status import render_json, render_table, status_rows
 from keyturn.config import ProviderConfig, RotationPolicy, parse_config
+from keyturn.config.credential_auth import CredentialAuth
 from keyturn.config.credentials import (
     JwksRegistration,
     Rfc7592Registration,
@@ -74,12 +76,13 @@ class Registration:
         self.drop_old = False
         self.lose_next_answer = False
         self.new_secret_on_update: str | None = None
+        self.admin_tokens: set[str] = set()  # accepted too, as Keycloak takes an admin's token
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         assert str(request.url) == CLIENT_URI
         presented = request.headers["Authorization"].removeprefix("Bearer ")
         self.presented.append(presented)
-        if self.refuse_all or presented != self.token:
+        if self.refuse_all or presented not in {self.token, *self.admin_tokens}:
             return httpx.Response(401, json={"error": "invalid_token"})
         if request.method == "PUT":
             body = json.loads(request.content)
@@ -117,6 +120,7 @@ class World:
         self.proven: list[str] = []
         self.refuse_proof = False
         self.environ = {"RAT": "rat-0"}
+        self.published_at: Callable[[str], SecretRef] | None = None
 
     async def prove(
         self,
@@ -156,6 +160,7 @@ class World:
             rng=random.Random(2),
             instance_id="i-1",
             environ=self.environ,
+            published_at=self.published_at,
         )
         return make_job(self.prove, registrar_for)(credential, client, None, _NoInputs(), deps)
 
@@ -271,6 +276,58 @@ async def test_an_answer_lost_burns_the_token_and_a_person_must_hand_over_a_new_
     world.clock.advance(3600)
     await job.run()
     assert world.server.presented == ["rat-0"]
+
+
+ADMIN = CredentialAuth("kc-admin")
+
+
+def _by_admin(world: World) -> Rfc7592Registration:
+    """`registration.auth = "credential:kc-admin"`, whose token is published in Vault."""
+    world.published_at = lambda name: SecretRef.vault("secret", f"apps/{name}/kc", "access_token")
+    return Rfc7592Registration(client_uri=CLIENT_URI, auth=ADMIN)
+
+
+async def test_a_registration_by_another_credential_s_token_reads_it_afresh_and_keeps_none() -> (
+    None
+):
+    world = World()
+    registration = _by_admin(world)
+    world.server.admin_tokens = {"admin-1", "admin-2"}
+    await world.store.write("apps/kc-admin/kc", {"access_token": "admin-1"}, cas=None)
+    job = world.job(registration)
+    await world.run_until_idle(job)
+    first = (await world.state()).rotation.key_id
+    assert world.server.kids() == [first]
+    await world.store.write("apps/kc-admin/kc", {"access_token": "admin-2"}, cas=None)
+    world.clock.advance(30 * DAY)
+    await world.run_until_idle(job)
+    presented = world.server.presented
+    assert presented[0] == "admin-1" and presented[-1] == "admin-2"
+    assert set(presented) == {"admin-1", "admin-2"}  # never a registration access token
+    held = record.read(await world.state(), "billing-key")
+    assert held.access_token is None and held.stopped is None
+
+
+async def test_a_refused_or_missing_admin_token_fails_the_run_without_stopping_it() -> None:
+    world = World()
+    registration = _by_admin(world)
+    job = world.job(registration)
+    missing = await job.run()
+    assert missing.error is not None and world.server.presented == []
+    assert "registration.auth: credential:kc-admin: no published token to use" in str(
+        missing.error
+    )
+    await world.store.write("apps/kc-admin/kc", {"access_token": "stale"}, cas=None)
+    world.clock.advance(3600)
+    refused = await job.run()
+    assert refused.error is not None and "credential:kc-admin" in str(refused.error)
+    assert "stale" not in str(refused.error)
+    assert world.observer.of(Suspicious) == []  # nothing a person must hand over
+    world.server.admin_tokens = {"fresh"}
+    await world.store.write("apps/kc-admin/kc", {"access_token": "fresh"}, cas=None)
+    world.clock.advance(3600)
+    await world.run_until_idle(job)
+    assert world.server.presented[-1] == "fresh"
 
 
 async def test_a_put_refused_for_its_metadata_names_the_field_and_keeps_the_key_in_use() -> None:

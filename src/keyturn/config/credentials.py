@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import Field, ValidationInfo, model_validator
 from pydantic_core import core_schema
 
+from keyturn.config.credential_auth import CREDENTIAL_AUTH, CredentialAuth
 from keyturn.config.fields import (
     BOOLEAN,
     DAY,
@@ -290,6 +291,16 @@ class CredentialConfig(Table):
         str, KV_PATH, OUTSIDE_STATE_PREFIX, Unique("each credential to publish to its own path")
     ]
     probe: Annotated[str | None, HTTP_PATH] = None
+    # The probe sent with another credential's token as its Authorization (an endpoint that
+    # needs an admin token), the credential's own value then in the header `probe_header`.
+    probe_auth: Annotated[CredentialAuth | None, CREDENTIAL_AUTH] = None
+    probe_header: Annotated[
+        str | None,
+        text(
+            'an HTTP header name for the credential\'s own value, e.g. "X-Api-Key"',
+            r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$",
+        ),
+    ] = None
     backoff: Annotated[
         BackoffPolicy, Via(BackoffTable), described("a table ([credentials.backoff])")
     ] = dataclasses.field(default_factory=BackoffPolicy)
@@ -511,6 +522,16 @@ class Rfc7592Registration(Table):
             'access_token = "vault:secret/keyturn/inputs/<name>#registration_access_token"'
         ),
     ] = None
+    # Instead of a registration access token: another credential's token (e.g. an admin's).
+    auth: Annotated[CredentialAuth | None, CREDENTIAL_AUTH] = None
+
+    def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
+        if self.auth is not None and self.access_token is not None:
+            message = (
+                "is set with auth, which replaces the registration access token; expected "
+                "one of them"
+            )
+            yield "access_token", message
 
 
 @table(kw_only=True)

@@ -22,7 +22,7 @@ from keyturn.alerts.model import DETECTORS
 from keyturn.config.credential_auth import (
     AUTH,
     CredentialAuth,
-    auth_loops,
+    auth_problems,
     unknown_credential,
 )
 from keyturn.config.credentials import (
@@ -675,7 +675,7 @@ class Config:
         context = context_of(info)
         if context is not None:
             object.__setattr__(self, "source", Path(context.source))
-            found = [*self._needs_usage(), *auth_loops(self.credentials, self.rotators)]
+            found = [*self._needs_usage(), *auth_problems(self.credentials, self.rotators)]
             if found:
                 raise report(found)
         return self

@@ -28,19 +28,20 @@ from __future__ import annotations
 import asyncio
 import random
 import traceback
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from keyturn.clock import Clock
 from keyturn.config import Config, CredentialConfig, ProviderConfig
-from keyturn.errors import KeyturnError, VaultCasConflict
+from keyturn.config.credential_auth import CredentialAuth, published_token
+from keyturn.errors import ConfigError, KeyturnError, VaultCasConflict
 from keyturn.events import Failed, Observer, Restored, Scheduled
 from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.policy import retry_delay, token_left
 from keyturn.providers.client import ClientSecret
-from keyturn.references import ReferenceResolver
+from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.secret import Secret
 from keyturn.state import CredentialState, LeaseRecord
 from keyturn.vault.store import KvStore
@@ -109,6 +110,9 @@ class JobDeps:
     consumers: ConsumerHooks | None = None
     # The process's environment, for `env:` references (`resolver`).
     environ: Mapping[str, str] = field(default_factory=dict)
+    # Where each credential of the configuration is published, for `credential:NAME` (set by
+    # `build_jobs` for the configuration it builds; None: no credential may use another's).
+    published_at: Callable[[str], SecretRef] | None = None
 
     @classmethod
     def start(
@@ -141,6 +145,16 @@ class JobDeps:
     def resolver(self) -> ReferenceResolver:
         """Secret references resolved from this process's environment and its Vault store."""
         return ReferenceResolver(self.environ, self.store)
+
+    def credential_token(
+        self, auth: CredentialAuth, *, field: str, error: type[KeyturnError]
+    ) -> Callable[[], Awaitable[Secret]]:
+        """The token of the credential `auth` names, read afresh from where it is published
+        at each call (`field`: the key that set it, for the `error` a failure raises)."""
+        if self.published_at is None:
+            raise ConfigError(f"{field}: {auth} needs the configuration's credentials")
+        at = self.published_at(auth.name)
+        return published_token(auth, at, self.resolver, field=field, error=error)
 
 
 @dataclass(frozen=True, slots=True)

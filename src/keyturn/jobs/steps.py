@@ -6,6 +6,10 @@ module imports these from here, never from another task.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from keyturn.config import CredentialConfig
 from keyturn.errors import (
     KeyturnError,
     MalformedResponse,
@@ -18,6 +22,7 @@ from keyturn.errors import (
     VerificationFailed,
 )
 from keyturn.events import NO_ANSWER, Observer, Probed, Suspicious
+from keyturn.jobs.job import JobDeps
 from keyturn.providers.client import ProviderClient
 from keyturn.providers.tokens import error_label
 from keyturn.secret import Secret
@@ -73,6 +78,63 @@ async def publish_with_cas(
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeAuth:
+    """`probe_auth`: the probe's Authorization is another credential's token, read afresh
+    before each probe (`token`); the credential's own value goes in the header `header`."""
+
+    token: Callable[[], Awaitable[Secret]]
+    header: str
+    source: str = "another credential"  # what the token is, for errors: "credential:NAME"
+
+    @classmethod
+    def of(cls, credential: CredentialConfig, deps: JobDeps) -> ProbeAuth | None:
+        """The credential's, if it sets `probe_auth`; a token that cannot be read is a probe
+        without an answer (the credential's own value is not judged by it)."""
+        if credential.probe_auth is None or credential.probe_header is None:
+            return None
+        token = deps.credential_token(
+            credential.probe_auth, field="probe_auth", error=ProviderUnavailable
+        )
+        return cls(token, credential.probe_header, str(credential.probe_auth))
+
+
+async def send_probe(
+    client: ProviderClient,
+    credential: str,
+    probe: str,
+    value: Secret,
+    probe_auth: ProbeAuth | None,
+) -> int:
+    """The probe's status: `value` as the bearer credential, or with `probe_auth`, in its
+    header beside the other credential's token. A 401/403 to a token replaced meanwhile (a
+    server may revoke it at its refresh) is sent again once with the new one; a 401 still is a
+    probe without an answer (the other's token was refused, not `value`), a 403 a refusal."""
+    if probe_auth is None:
+        return await client.probe(credential, probe, Secret(f"Bearer {value.reveal()}"))
+    sent: Secret | None = None
+    status = 0
+    for _ in range(2):
+        try:
+            token = await probe_auth.token()
+        except ProviderUnavailable as error:
+            raise ProviderUnavailable(error.message, credential=credential) from error
+        if sent is not None and token.reveal() == sent.reveal():
+            break
+        sent = token
+        authorization = Secret(f"Bearer {token.reveal()}")
+        status = await client.probe(credential, probe, authorization, {probe_auth.header: value})
+        if status not in (401, 403):
+            break
+    if status == 401:  # Authorization (the other's token) refused: nothing said of `value`
+        raise ProviderUnavailable(
+            f"probe {probe}: HTTP 401 to probe_auth's token ({probe_auth.source}); the "
+            "credential's own value was not judged",
+            credential=credential,
+        )
+    return status
+
+
 async def verify_with_probe(
     client: ProviderClient,
     observer: Observer,
@@ -80,11 +142,13 @@ async def verify_with_probe(
     credential: str,
     provider: str,
     probe: str,
-    authorization: Secret,
+    value: Secret,
     what: str,
+    probe_auth: ProbeAuth | None = None,
 ) -> None:
-    """Call `probe` with a credential issued just now; only a 2xx lets it be published."""
-    status = await client.probe(credential, probe, authorization)
+    """Call `probe` with a credential issued just now (`value`, as a bearer credential or, with
+    `probe_auth`, in its header); only a 2xx lets it be published."""
+    status = await send_probe(client, credential, probe, value, probe_auth)
     observer(Probed(credential, provider, status))
     if status in (401, 403):
         observer(
@@ -116,8 +180,9 @@ async def probe_answered(
     credential: str,
     provider: str,
     probe: str,
-    authorization: Secret,
+    value: Secret,
     what: str,
+    probe_auth: ProbeAuth | None = None,
 ) -> ProviderUnavailable | RateLimited | None:
     """`verify_with_probe`, with a probe that got no usable answer (a network error, a
     time-out, a 5xx or a 429) told apart from a refusal: None once the service accepted the
@@ -130,8 +195,9 @@ async def probe_answered(
             credential=credential,
             provider=provider,
             probe=probe,
-            authorization=authorization,
+            value=value,
             what=what,
+            probe_auth=probe_auth,
         )
     except (ProviderUnavailable, RateLimited) as error:
         observer(Probed(credential, provider, NO_ANSWER))

@@ -14,7 +14,7 @@ from keyturn.errors import ConfigError
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.jobs.rotation import KeyRotation, RepublishKey, RotationRules
-from keyturn.jobs.steps import publish_with_cas, verify_with_probe
+from keyturn.jobs.steps import ProbeAuth, publish_with_cas, verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
 from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
@@ -58,6 +58,7 @@ class ApiKeyTarget:
         self._client = client
         self._inputs = inputs
         self._deps = deps
+        self._probe_auth = ProbeAuth.of(credential, deps)
         # (version, custom metadata) at `publish_to` as this process last wrote or read it
         # there: a publish on top of that version writes the metadata only if it differs.
         self._metadata_at: tuple[int, dict[str, str]] | None = None
@@ -69,8 +70,9 @@ class ApiKeyTarget:
             credential=self.credential.name,
             provider=self.credential.provider,
             probe=self._probe,
-            authorization=Secret(f"Bearer {key.reveal()}"),
+            value=key,
             what="API key",
+            probe_auth=self._probe_auth,
         )
 
     async def publish(
@@ -158,8 +160,7 @@ async def live_check(
     else:
         return "no key yet: keyturn creates one on its first run; nothing to probe"
     assert credential.probe is not None  # an api_key always has one (configuration rule)
-    await probe_value(credential, client, key, which)
-    return f"{which} accepted by probe {credential.probe}"
+    return f"{which} {await probe_value(credential, client, key, which)}"
 
 
 KIND = Kind(

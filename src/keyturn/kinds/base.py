@@ -17,6 +17,7 @@ from keyturn.config import CredentialConfig
 from keyturn.errors import VerificationFailed
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps
 from keyturn.jobs.rotation import RotationRules
+from keyturn.jobs.steps import send_probe
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
 from keyturn.rotators.base import Rotator
@@ -65,13 +66,18 @@ class LiveCheck(Protocol):
 
 async def probe_value(
     credential: CredentialConfig, client: ProviderClient, value: Secret, what: str
-) -> None:
+) -> str:
     """Call the credential's `probe` with `value` as its bearer credential, once, with no event
-    (`keyturn check --live`); VerificationFailed unless a 2xx answers."""
+    (`keyturn check --live`); VerificationFailed unless a 2xx answers. What was proven, for the
+    check's line: a probe with `probe_auth` is not sent (the check does not read the other
+    credential's published token), and the line says so."""
     assert credential.probe is not None
-    status = await client.probe(
-        credential.name, credential.probe, Secret(f"Bearer {value.reveal()}")
-    )
+    if credential.probe_auth is not None:
+        return (
+            f"not probed: probe_auth = {credential.probe_auth} is used by the daemon only "
+            "(check --live reads no published token)"
+        )
+    status = await send_probe(client, credential.name, credential.probe, value, None)
     if not 200 <= status < 300:
         verdict = "rejected" if status in (401, 403) else "not accepted"
         raise VerificationFailed(
@@ -79,6 +85,7 @@ async def probe_value(
             credential=credential.name,
             status=status,
         )
+    return f"accepted by probe {credential.probe}"
 
 
 def no_details(state: CredentialState, credential: str) -> Mapping[str, str]:

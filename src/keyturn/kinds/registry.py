@@ -106,6 +106,8 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
                 clock=deps.clock,
                 published=lambda credential: published_value(config, credential),
             )
+        # Its credentials' `credential:NAME` read where this configuration publishes NAME.
+        deps = dataclasses.replace(deps, published_at=lambda name: published_value(config, name))
         for credential in config.credentials:
             built.jobs[credential.name] = build_job(
                 credential,

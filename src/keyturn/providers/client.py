@@ -13,7 +13,7 @@ import base64
 import contextlib
 import email.utils
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Literal
 from urllib.parse import quote
 
@@ -184,20 +184,30 @@ class ProviderClient:
         )
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def probe(self, credential: str, path: str, authorization: Secret) -> int:
-        """GET `path` with the given Authorization value; returns the status.
+    async def probe(
+        self,
+        credential: str,
+        path: str,
+        authorization: Secret,
+        also: Mapping[str, Secret] | None = None,
+    ) -> int:
+        """GET `path` with the given Authorization value (and the headers `also`, e.g. the
+        credential's own value when Authorization carries another's token); returns the status.
 
         Network errors and 5xx raise ProviderUnavailable (the probe says nothing about the
         credential then); 429 raises RateLimited; any other status is returned.
         """
-        value = authorization.reveal()
-        if not _HEADER_VALUE.fullmatch(value):
-            raise MalformedResponse(
-                "cannot be sent in an HTTP header (a character outside visible ASCII)",
-                field="authorization",
-                credential=credential,
-            )
-        request = self._build(credential, "GET", path, headers={"Authorization": value})
+        sent: dict[str, str] = {}
+        for name, secret in {"Authorization": authorization, **(also or {})}.items():
+            value = secret.reveal()
+            if not _HEADER_VALUE.fullmatch(value):
+                raise MalformedResponse(
+                    "cannot be sent in an HTTP header (a character outside visible ASCII)",
+                    field=name.lower(),
+                    credential=credential,
+                )
+            sent[name] = value
+        request = self._build(credential, "GET", path, headers=sent)
         status, headers, _body = await self._send(request, credential, track_sending=False)
         raise_if_transient(
             status, headers, now=self._clock.time(), where=path, credential=credential

@@ -14,7 +14,7 @@ from typing import assert_never
 import httpx
 
 from keyturn.clock import Clock
-from keyturn.config.credential_auth import CredentialAuth
+from keyturn.config.credential_auth import CredentialAuth, published_token
 from keyturn.config.schema import (
     ExecRotatorConfig,
     HttpRotatorConfig,
@@ -22,7 +22,7 @@ from keyturn.config.schema import (
     ProviderConfig,
     RotatorConfig,
 )
-from keyturn.errors import ConfigError, KeyturnError, RotationError
+from keyturn.errors import ConfigError
 from keyturn.references import ReferenceResolver, SecretRef
 from keyturn.rotators.base import Rotator
 from keyturn.rotators.exec import ExecRotator
@@ -63,20 +63,3 @@ async def build_rotator(
             return ManualRotator(config)
         case _:  # pragma: no cover - the configuration admits no other type
             assert_never(config)
-
-
-def published_token(
-    auth: CredentialAuth, at: SecretRef, resolver: ReferenceResolver
-) -> TokenSource:
-    """Reads the token published at `at` for the credential `auth` names, afresh at each call
-    (it is refreshed on its own schedule); a failure names `auth`, never a value."""
-
-    async def read() -> Secret:
-        try:
-            return await resolver.resolve(at)
-        except KeyturnError as error:
-            raise RotationError(
-                f"auth: {auth}: no published token to use ({error.message})"
-            ) from error
-
-    return read

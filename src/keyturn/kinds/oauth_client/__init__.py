@@ -25,7 +25,7 @@ from keyturn.errors import (
 )
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Task
 from keyturn.jobs.rotation import KeyRotation, RotationRules
-from keyturn.jobs.steps import verify_with_probe
+from keyturn.jobs.steps import ProbeAuth, verify_with_probe
 from keyturn.kinds.base import Kind, Resolve, probe_value
 from keyturn.kinds.oauth_client.refresh import (
     NAME,
@@ -63,6 +63,7 @@ class ClientSecretTarget:
         self._inputs = inputs
         self._observer = deps.observer
         self._resolve = deps.resolver.resolve
+        self._probe_auth = ProbeAuth.of(credential, deps)
 
     async def verify(self, key: Secret) -> None:
         name, probe = self.credential.name, self.credential.probe
@@ -93,8 +94,9 @@ class ClientSecretTarget:
                     credential=name,
                     provider=self.credential.provider,
                     probe=probe,
-                    authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                    value=token.access_token,
                     what="token (from the new client secret)",
+                    probe_auth=self._probe_auth,
                 )
         finally:
             await revoke_verification_grant(self._client, name, token, the_id, key)
@@ -207,8 +209,10 @@ async def live_check(
     try:
         if not credential.probe:
             return f"token issued{accepted} (no probe configured)"
-        await probe_value(credential, client, token.access_token, "a token issued just now")
-        return f"token issued{accepted} and accepted by probe {credential.probe}"
+        probed = await probe_value(
+            credential, client, token.access_token, "a token issued just now"
+        )
+        return f"token issued{accepted} and {probed}"
     finally:
         await revoke_verification_grant(client, credential.name, token, client_id, secret)
 

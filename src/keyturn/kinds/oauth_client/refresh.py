@@ -54,6 +54,7 @@ from keyturn.events import (
 )
 from keyturn.jobs.job import Inputs, JobDeps, Journal
 from keyturn.jobs.steps import (
+    ProbeAuth,
     input_error,
     outcome_label,
     probe_answered,
@@ -249,6 +250,7 @@ class TokenRefresh:
         self._rng = deps.rng
         self._instance = deps.instance_id
         self._resolve = deps.resolver.resolve
+        self._probe_auth = ProbeAuth.of(credential, deps)
         # The provider's absolute refresh-token family lifetime, and the family end last
         # reported (`RefreshTokenPlanned`); False: none reported yet.
         self._max_family = client.provider.refresh_token_max_lifetime
@@ -449,8 +451,9 @@ class TokenRefresh:
                 credential=self.credential.name,
                 provider=self.credential.provider,
                 probe=self.credential.probe,
-                authorization=Secret(f"Bearer {token.access_token.reveal()}"),
+                value=token.access_token,
                 what="token",
+                probe_auth=self._probe_auth,
             )
             if unanswered is None:
                 return True
@@ -954,6 +957,7 @@ class ProbeAgain:
         assert credential.probe is not None
         self.credential = credential
         self._probe = credential.probe
+        self._probe_auth = ProbeAuth.of(credential, deps)
         self._client = client
         self._store = deps.store
         self._observer = deps.observer
@@ -967,8 +971,8 @@ class ProbeAgain:
         state = journal.state
         now = self._clock.time()
         entry = await self._store.read(self.credential.publish_to, consistent=True)
-        authorization = entry.data.get("authorization") if entry is not None else None
-        if entry is None or entry.version != state.token.published_version or not authorization:
+        access_token = entry.data.get("access_token") if entry is not None else None
+        if entry is None or entry.version != state.token.published_version or not access_token:
             journal.stage(replace(state, token=replace(state.token, verify_at=None)))
             return "replaced"
         try:
@@ -978,8 +982,9 @@ class ProbeAgain:
                 credential=self.credential.name,
                 provider=self.credential.provider,
                 probe=self._probe,
-                authorization=Secret(str(authorization)),
+                value=Secret(str(access_token)),
                 what="token (published unverified)",
+                probe_auth=self._probe_auth,
             )
         except VerificationFailed:
             # Refused now: apps must not keep it a moment longer than a refresh takes.

@@ -23,7 +23,13 @@ from keyturn.config.credentials import (
     RotatorRegistration,
     SigningKeyCredential,
 )
-from keyturn.errors import ConfigError, KeyturnError, OAuthError, VerificationFailed
+from keyturn.errors import (
+    ConfigError,
+    KeyturnError,
+    OAuthError,
+    RotationError,
+    VerificationFailed,
+)
 from keyturn.events import Published
 from keyturn.jobs.job import CredentialJob, Inputs, JobDeps, Journal, Task
 from keyturn.jobs.rotation import CHECKPOINT, KeyRotation, RepublishKey, RotationRules
@@ -281,6 +287,11 @@ def registrar_for(
             resolver=deps.resolver,
             observer=deps.observer,
             now=deps.clock.time,
+            auth=None
+            if config.auth is None
+            else deps.credential_token(
+                config.auth, field="registration.auth", error=RotationError
+            ),
         )
     return JwksDocument(
         config,

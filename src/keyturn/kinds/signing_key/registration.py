@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,7 +86,11 @@ class Rfc7592:
         resolver: ReferenceResolver,
         observer: Observer,
         now: Callable[[], float],
+        auth: Callable[[], Awaitable[Secret]] | None = None,
     ) -> None:
+        """`auth`: with `registration.auth`, the other credential's token, read at each call
+        (no registration access token is then kept, presented or stopped)."""
+        self._auth = auth
         self._config = config
         self._credential = credential
         self._provider = provider
@@ -160,11 +164,17 @@ class Rfc7592:
         """One request with the registration access token, which is marked in flight first
         and, when the answer brings a new one, replaced before anything else."""
         held = record.read(journal.state, self._credential)
-        if held.in_flight is not None:  # a crash while it was presented
-            await self._stop(journal, held, "lost")
-        token, held = await self._token(journal, held)
-        attempt = uuid.uuid4().hex[:12]
-        await journal.save(record.write(journal.state, held.with_(in_flight=attempt)))
+        if self._auth is not None:
+            try:
+                token = await self._auth()
+            except RotationError as error:
+                raise RotationError(error.message, credential=self._credential) from error
+        else:
+            if held.in_flight is not None:  # a crash while it was presented
+                await self._stop(journal, held, "lost")
+            token, held = await self._token(journal, held)
+            attempt = uuid.uuid4().hex[:12]
+            await journal.save(record.write(journal.state, held.with_(in_flight=attempt)))
         where = f"registration ({method} {self._config.client_uri})"
         headers = {"Authorization": f"Bearer {token.reveal()}", "Cache-Control": "no-store"}
         http = self._client.http
@@ -181,13 +191,15 @@ class Rfc7592:
                 ),
             )
         except ProviderUnavailable as error:
-            if error.answer_lost:
-                await self._stop(journal, held, "lost")
-            await journal.save(record.write(journal.state, held.with_(in_flight=None)))
+            if self._auth is None:
+                if error.answer_lost:
+                    await self._stop(journal, held, "lost")
+                await journal.save(record.write(journal.state, held.with_(in_flight=None)))
             raise
         document = _json(content) if 200 <= status < 300 else None
         if document is not None:
-            renewed = document.get("registration_access_token")
+            # With `auth`, a registration access token in the answer is not kept.
+            renewed = document.get("registration_access_token") if self._auth is None else None
             issued = document.get("client_secret")
             sent = (body or {}).get("client_secret")
             # Stored before anything else: the token presented may be dead already.
@@ -207,6 +219,13 @@ class Rfc7592:
                 )
             )
             return document
+        if status in (401, 403) and self._auth is not None:
+            raise RotationError(
+                f"{where}: refused the token of registration.auth = {self._config.auth} (HTTP "
+                f"{status}); check that credential's rights at the server (e.g. Keycloak's "
+                "manage-clients role)",
+                credential=self._credential,
+            )
         if status in (401, 403):
             await self._stop(journal, held, "refused")
         await journal.save(record.write(journal.state, held.with_(in_flight=None)))
