@@ -18,6 +18,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -49,10 +50,19 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
-def _fill(driver: webdriver.Chrome, fields: dict[str, str], button: str) -> None:
+def _fill(
+    driver: webdriver.Chrome, fields: dict[str, str], button: str, *, confirm: bool = False
+) -> None:
+    """Fill the fields, press the button (and accept its confirmation), and wait until the
+    page it posts to has replaced this one: an element looked up sooner could be the old
+    page's, gone (stale) a moment later."""
     for ident, value in fields.items():
         driver.find_element(By.ID, ident).send_keys(value)
+    page = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
+    if confirm:
+        WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert).accept()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(page))
 
 
 def _text(driver: webdriver.Chrome, ident: str) -> str:
@@ -117,8 +127,7 @@ def test_a_person_makes_a_key_and_an_app_in_the_browser_and_both_work(
     assert sandbox.admin_token not in page
 
     browser.get(f"{base}/dashboard/oauth-apps/{client_id}")
-    _fill(browser, {}, "Delete this application")
-    WebDriverWait(browser, 10).until(lambda d: d.switch_to.alert).accept()  # the confirmation
+    _fill(browser, {}, "Delete this application", confirm=True)
     notice = _text(browser, "notice")
     assert notice.startswith("Deleted the application reporting")
     gone = httpx.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
