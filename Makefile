@@ -30,6 +30,9 @@ test:
 	$(MAKE) --no-print-directory $(STAMP) && $(BIN)/ruff check src devkit tests bench clients \
 		&& $(BIN)/mypy; status=$$?; wait; cat build/system-deps.log; \
 	test $$status -eq 0 && test "$$(cat build/system-deps.rc)" = 0
+	@# Bytecode for our own packages, once: editable installs get none, and every keyturn
+	@# process the tests start would compile them again where PYTHONDONTWRITEBYTECODE is set.
+	$(BIN)/python -m compileall -q -j 0 src devkit/src clients/python/src
 	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder
 	@cat build/image/report.txt
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import random
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, Membership, takeov
 from keyturn.notify import SystemdNotifier
 from keyturn.observability import PrometheusObserver
 from keyturn.policy import RefreshPolicy
+from keyturn.providers.http import system_tls
 from keyturn.runtime import Runtime
 from keyturn.saved_plan import PlanStore
 from keyturn.scheduler import CredentialScheduler
@@ -109,7 +111,7 @@ class Housekeeping:
 async def vault_server_time(config: Config) -> float | None:
     """Vault's own clock (`sys/health` `server_time_utc`, unauthenticated), or None."""
     vault = config.vault
-    verify: str | bool = str(vault.ca_cert) if vault.ca_cert else True
+    verify: str | ssl.SSLContext = str(vault.ca_cert) if vault.ca_cert else system_tls()
     try:
         async with httpx.AsyncClient(verify=verify, timeout=2.0) as http:
             response = await http.get(

@@ -50,6 +50,7 @@ import pytest
 
 from keyturn.clock import parse_rfc3339
 from keyturn.policy import RefreshPolicy
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.agent import BaoAgent, agent_render_interval, max_consumer_lag
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -181,7 +182,7 @@ class FileSampler:
 
     def _loop(self) -> None:
         deadline = time.monotonic() + RUN_LIMIT + 15
-        with httpx.Client(base_url=self.sandbox_url, timeout=3.0) as http:
+        with loopback.client(base_url=self.sandbox_url, timeout=3.0) as http:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 self._read_json(http)
                 self._read_env()

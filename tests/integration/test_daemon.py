@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import hvac
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -52,7 +52,7 @@ class Sampler:
         except hvac.exceptions.InvalidPath:
             return None
         data = read["data"]["data"]
-        status = httpx.get(
+        status = HTTP.get(
             f"{self.deployment.sandbox.base_url}/v1/projects",
             headers={"Authorization": data["authorization"]},
             timeout=5,

@@ -26,11 +26,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import hvac
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxAdmin, SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -108,7 +108,7 @@ class Running:
     metrics_url: str
 
     def metrics_text(self) -> str:
-        response = httpx.get(f"{self.metrics_url}/metrics", timeout=5)
+        response = HTTP.get(f"{self.metrics_url}/metrics", timeout=5)
         assert response.status_code == 200
         return response.text
 
@@ -161,7 +161,7 @@ def read_published(deployment: Deployment, name: str) -> tuple[int, dict[str, st
 
 def service_answers(deployment: Deployment, authorization: str) -> int:
     """The service's status for a GET /v1/projects with this Authorization header."""
-    return httpx.get(
+    return HTTP.get(
         f"{deployment.sandbox.base_url}/v1/projects",
         headers={"Authorization": authorization},
         timeout=5,
@@ -206,7 +206,7 @@ def steal_and_use_refresh_token(deployment: Deployment, name: str) -> dict[str, 
     """Do what a thief would: read keyturn's refresh token and use it at the token endpoint."""
     refresh_token = private_state(deployment, name)["refresh_token"]
     client = deployment.clients[name]
-    response = httpx.post(
+    response = HTTP.post(
         f"{deployment.sandbox.base_url}/oauth/token",
         json={
             "grant_type": "refresh_token",

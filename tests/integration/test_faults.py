@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.faketime import FakeWallClock
@@ -135,9 +135,9 @@ def test_vault_sealed_then_unsealed_republishes_within_seconds(
         time.sleep(2)
         at_seal = {name: scene.versions(name)[-1] for name in names}
         sealed_at = time.time()
-        assert httpx.put(f"{vault.address}/v1/sys/seal", headers=headers).status_code == 204
+        assert HTTP.put(f"{vault.address}/v1/sys/seal", headers=headers).status_code == 204
         time.sleep(SEALED_FOR)
-        answer = httpx.put(f"{vault.address}/v1/sys/unseal", json={"key": key}, timeout=10)
+        answer = HTTP.put(f"{vault.address}/v1/sys/unseal", json={"key": key}, timeout=10)
         assert answer.json()["sealed"] is False, answer.text
         unsealed_at = time.time()
         republished = {}
@@ -480,7 +480,7 @@ AFTER_STEP = 22.0  # longer than a token's life: a token published with a wrong 
 
 def _healthz(daemon: DaemonProcess, scene: Scene) -> tuple[int, str]:
     (listening,) = scene.named("metrics.listening", daemon)[-1:]
-    answer = httpx.get(f"http://127.0.0.1:{listening['port']}/healthz", timeout=3)
+    answer = HTTP.get(f"http://127.0.0.1:{listening['port']}/healthz", timeout=3)
     return answer.status_code, str(answer.json().get("reason", ""))
 
 

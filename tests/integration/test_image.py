@@ -23,6 +23,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 import keyturn
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -146,7 +147,7 @@ def test_check_then_run_publish_a_token_from_a_read_only_non_root_container(
     ready = 0
     while time.monotonic() < deadline and ready != 200:
         try:
-            ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code
+            ready = HTTP.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code
         except httpx.TransportError:
             time.sleep(0.5)
         else:

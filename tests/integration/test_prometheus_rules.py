@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from keyturn.alerts.model import DEFAULT_RUNBOOK_BASE, DETECTORS, alert_name, runbook_url
+from keyturn_devkit.dev.loopback import HTTP
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
@@ -112,7 +113,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if process.poll() is not None:
                 pytest.fail(f"prometheus exited {process.returncode}:\n{log_path.read_text()}")
             try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                if HTTP.get(f"{url}/-/ready", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -132,7 +133,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def alerts(prometheus: str) -> dict[str, dict[str, Any]]:
     """The alerting rules as Prometheus parsed them, by name."""
-    body = httpx.get(f"{prometheus}/api/v1/rules", params={"type": "alert"}, timeout=10).json()
+    body = HTTP.get(f"{prometheus}/api/v1/rules", params={"type": "alert"}, timeout=10).json()
     rules = [rule for group in body["data"]["groups"] for rule in group["rules"]]
     names = [rule["name"] for rule in rules]
     assert len(names) == len(set(names)), f"duplicate alert names: {sorted(names)}"
@@ -369,7 +370,7 @@ def test_dashboard_uses_only_documented_metrics() -> None:
 def test_dashboard_queries_parse_in_prometheus(prometheus: str) -> None:
     problems = []
     for where, expr in dashboard_queries():
-        response = httpx.get(
+        response = HTTP.get(
             f"{prometheus}/api/v1/query", params={"query": grafana_to_promql(expr)}, timeout=10
         )
         if response.status_code != 200:

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import hvac
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -102,7 +102,7 @@ def consent(deployment: Deployment, name: str) -> str:
     person; afterwards client_credentials grants come without one."""
     sandbox, client = deployment.sandbox, deployment.clients[name]
     sandbox.admin.update_settings(issue_refresh_token_for_client_credentials=True)
-    answer = httpx.post(
+    answer = HTTP.post(
         f"{sandbox.base_url}/oauth/token",
         json={"grant_type": "client_credentials", **client},
         timeout=5,
@@ -159,7 +159,7 @@ def accepted(deployment: Deployment, name: str) -> bool:
     if value is None:
         return False
     data = value[1]
-    status = httpx.get(
+    status = HTTP.get(
         f"{deployment.sandbox.base_url}/v1/projects",
         headers={"Authorization": data["authorization"]},
         timeout=5,
@@ -192,10 +192,12 @@ def test_an_imported_refresh_token_is_used_beside_a_running_daemon(deploy, daemo
     assert token not in json.dumps(record)
     # What the record holds is live (read again if a refresh replaced it between the reads).
     wait_for(
-        lambda: deployment.sandbox.admin.introspect_token(
-            state_record(deployment, "consented")["refresh_token"]
-        )["active"]
-        is True,
+        lambda: (
+            deployment.sandbox.admin.introspect_token(
+                state_record(deployment, "consented")["refresh_token"]
+            )["active"]
+            is True
+        ),
         5,
         "the record's refresh token is not active",
     )

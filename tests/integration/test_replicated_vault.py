@@ -28,6 +28,7 @@ from keyturn.clock import SystemClock, parse_rfc3339
 from keyturn.errors import VaultCasConflict, VaultError
 from keyturn.secret import Secret
 from keyturn.vault import VaultAuth, VaultConnection, VaultStore
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.raft import OpenBaoRaftCluster, RaftNode
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -292,8 +293,8 @@ def sample_apps(
     """Read every published path through `node` as an app would, and call the service with
     what was read; waits for the first publication of each (bounded)."""
     samples: list[dict[str, object]] = []
-    vault = httpx.Client(base_url=node.address, headers={"X-Vault-Token": token}, timeout=5)
-    service = httpx.Client(base_url=deployment.sandbox.base_url, timeout=5)
+    vault = loopback.client(base_url=node.address, headers={"X-Vault-Token": token}, timeout=5)
+    service = loopback.client(base_url=deployment.sandbox.base_url, timeout=5)
     published: set[str] = set()
     wait_until = time.monotonic() + 30
     with vault, service:

@@ -631,9 +631,7 @@ def failure_run(
             keys.close()
             tokens.close()
         log = daemon.log_text()
-        yield FailureRun(
-            deployment, keys, tokens, script, rows, running, log, failure_events(log)
-        )
+        yield FailureRun(deployment, keys, tokens, script, rows, running, log, failure_events(log))
     finally:
         blackhole.close()
         sandbox.stop()

@@ -33,6 +33,7 @@ import hvac
 import pytest
 
 from keyturn.jobs.rotation import CHECKPOINTS
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -200,7 +201,7 @@ class Crash:
             return Read(time.time(), None, None, "nothing published")
         status: int | str
         try:
-            status = httpx.get(
+            status = HTTP.get(
                 f"{self.deployment.sandbox.base_url}/v1/users",
                 headers={"Authorization": data["authorization"]},
                 timeout=5,

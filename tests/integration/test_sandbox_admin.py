@@ -11,13 +11,14 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
 
 
 def client_credentials(sandbox: SandboxProcess, client_id: str, secret: str) -> httpx.Response:
-    return httpx.post(
+    return HTTP.post(
         f"{sandbox.base_url}/oauth/token",
         data={"grant_type": "client_credentials"},
         auth=(client_id, secret),
@@ -33,7 +34,7 @@ def test_the_bootstrap_file_is_private_and_its_credentials_work(sandbox: Sandbox
     assert not data["base_url"].endswith(":0")
     key = data["api_key"]["key"]
     assert (
-        httpx.get(
+        HTTP.get(
             f"{data['base_url']}/v1/users", headers={"Authorization": f"Bearer {key}"}
         ).status_code
         == 200
@@ -58,7 +59,7 @@ def test_the_admin_api_needs_the_admin_token(sandbox: SandboxProcess, header: st
         challenge = response.headers["www-authenticate"]
         assert challenge.startswith('Bearer realm="keyturn-sandbox-admin"')
     bearer = {"Authorization": f"Bearer {sandbox.admin_token}"}
-    assert httpx.get(f"{sandbox.base_url}/admin/api-keys", headers=bearer).status_code == 200
+    assert HTTP.get(f"{sandbox.base_url}/admin/api-keys", headers=bearer).status_code == 200
 
 
 def test_api_key_lifecycle_shows_the_value_once(sandbox: SandboxProcess) -> None:
@@ -155,7 +156,7 @@ def test_admin_revokes_every_token_of_a_client(sandbox: SandboxProcess) -> None:
     result = sandbox.admin.revoke_client_tokens(oauth["client_id"])
     assert result == {"revoked": True, "families": 2}
     for token in tokens:
-        response = httpx.get(
+        response = HTTP.get(
             f"{sandbox.base_url}/v1/users",
             headers={"Authorization": f"Bearer {token['access_token']}"},
         )
@@ -171,7 +172,7 @@ def test_deleting_an_app_ends_its_secrets_and_grants(sandbox: SandboxProcess) ->
     refused = client_credentials(sandbox, oauth["client_id"], oauth["client_secret"])
     assert refused.json()["error"] == "invalid_client"
     bearer = {"Authorization": f"Bearer {grant['access_token']}"}
-    assert httpx.get(f"{sandbox.base_url}/v1/users", headers=bearer).status_code == 401
+    assert HTTP.get(f"{sandbox.base_url}/v1/users", headers=bearer).status_code == 401
     reasons = {t["revoke_reason"] for t in sandbox.admin.list_tokens(oauth["client_id"])}
     assert reasons == {"application deleted"}
     for call in (sandbox.admin.get_oauth_app, sandbox.admin.delete_oauth_app):

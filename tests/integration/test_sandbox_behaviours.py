@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.sandbox
 def grant(sandbox: SandboxProcess, **params: str) -> dict[str, Any]:
     oauth = sandbox.bootstrap["oauth_client"]
     body = {"client_id": oauth["client_id"], "client_secret": oauth["client_secret"], **params}
-    response = httpx.post(f"{sandbox.base_url}/oauth/token", json=body, timeout=10)
+    response = HTTP.post(f"{sandbox.base_url}/oauth/token", json=body, timeout=10)
     assert response.status_code == 200, response.text
     return dict(response.json())
 
@@ -41,7 +42,7 @@ def refresh(sandbox: SandboxProcess, issued: dict[str, Any]) -> dict[str, Any]:
 
 
 def projects(sandbox: SandboxProcess, token: str) -> httpx.Response:
-    return httpx.get(
+    return HTTP.get(
         f"{sandbox.base_url}/v1/projects",
         headers={"Authorization": f"Bearer {token}"},
         timeout=10,
@@ -117,7 +118,7 @@ def test_a_dead_token_can_be_answered_403_and_other_answers_keep_their_status(
 
     # No credential at all is still RFC 6750's 401 without an error code, and a token that
     # lacks the path's scope is still 403 insufficient_scope.
-    missing = httpx.get(f"{sandbox.base_url}/v1/projects", timeout=10)
+    missing = HTTP.get(f"{sandbox.base_url}/v1/projects", timeout=10)
     assert missing.status_code == 401
     assert "error=" not in missing.headers["WWW-Authenticate"]
     narrow = grant(sandbox, grant_type="client_credentials", scope="users:read")
@@ -142,7 +143,7 @@ def test_both_behaviours_can_be_switched_at_run_time(sandbox: SandboxProcess) ->
     sandbox.admin.update_settings(invalid_token_status=401)
     assert_refused(projects(sandbox, second["access_token"]), 401, "revoked")
 
-    refused = httpx.put(
+    refused = HTTP.put(
         f"{sandbox.base_url}/admin/settings",
         headers={"Authorization": f"Bearer {sandbox.admin_token}"},
         json={"invalid_token_status": 404, "revoke_previous_access_token_on_refresh": "yes"},

@@ -17,6 +17,8 @@ from aiohttp import web
 from keyturn.clock import FakeClock
 from keyturn.config import load_config
 from keyturn.secret import Secret
+from keyturn_devkit.dev import loopback
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.dev.tls import make_throwaway_pki
 from keyturn_devkit.sandbox.app import create_app
@@ -54,7 +56,7 @@ class Dashboard:
     """A browser without a browser: cookies, the CSRF token of the last page, every URL seen."""
 
     def __init__(self, sandbox: SandboxProcess) -> None:
-        self.http = httpx.Client(base_url=sandbox.base_url)
+        self.http = loopback.client(base_url=sandbox.base_url)
         self.admin_token = sandbox.admin_token
         self.pages: list[str] = []
         self.urls: list[str] = []
@@ -117,12 +119,12 @@ def register_app(dashboard: Dashboard, name: str) -> tuple[str, str]:
 
 def token_for(sandbox: SandboxProcess, client_id: str, secret: str) -> httpx.Response:
     body = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret}
-    return httpx.post(f"{sandbox.base_url}/oauth/token", json=body)
+    return HTTP.post(f"{sandbox.base_url}/oauth/token", json=body)
 
 
 def users(sandbox: SandboxProcess, credential: str) -> int:
     headers = {"Authorization": f"Bearer {credential}"}
-    return httpx.get(f"{sandbox.base_url}/v1/users", headers=headers).status_code
+    return HTTP.get(f"{sandbox.base_url}/v1/users", headers=headers).status_code
 
 
 def test_sign_in_gives_a_strict_http_only_session_cookie_that_expires(
@@ -204,7 +206,7 @@ def test_every_change_without_the_sessions_csrf_token_is_refused(
         assert "did not come from this dashboard" in response.text
     assert (sandbox.admin.list_api_keys(), sandbox.admin.list_oauth_apps()) == before
     assert dashboard.get("/dashboard").status_code == 200  # still signed in: sign-out refused too
-    signed_out = httpx.post(
+    signed_out = HTTP.post(
         f"{sandbox.base_url}/dashboard/api-keys", data={"name": "x", "csrf": dashboard.csrf}
     )
     assert signed_out.status_code == 403  # the token without the session cookie is worth nothing

@@ -13,7 +13,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -21,6 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -99,7 +99,7 @@ def test_a_person_makes_a_key_and_an_app_in_the_browser_and_both_work(
     WebDriverWait(browser, 10).until(lambda d: copy.text != "Copy")
     _screenshot(browser, "dashboard-api-key.png", tmp_path)
     assert key not in browser.current_url
-    answer = httpx.get(f"{base}/v1/users", headers={"Authorization": f"Bearer {key}"})
+    answer = HTTP.get(f"{base}/v1/users", headers={"Authorization": f"Bearer {key}"})
     assert answer.status_code == 200
 
     browser.get(f"{base}/dashboard")
@@ -107,16 +107,16 @@ def test_a_person_makes_a_key_and_an_app_in_the_browser_and_both_work(
     _fill(browser, app_fields, "Register application")
     client_id, secret = _text(browser, "client-id"), _text(browser, "shown-once")
     grant = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": secret}
-    issued = httpx.post(f"{base}/oauth/token", json=grant)
+    issued = HTTP.post(f"{base}/oauth/token", json=grant)
     assert issued.status_code == 200
     bearer = {"Authorization": f"Bearer {issued.json()['access_token']}"}
-    assert httpx.get(f"{base}/v1/projects", headers=bearer).status_code == 200
+    assert HTTP.get(f"{base}/v1/projects", headers=bearer).status_code == 200
 
     _fill(browser, {}, "Rotate client secret")
     rotated = _text(browser, "shown-once")
     assert rotated != secret
     _screenshot(browser, "dashboard-oauth-app.png", tmp_path)
-    renewed = httpx.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
+    renewed = HTTP.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
     assert renewed.status_code == 200
 
     browser.get(f"{base}/dashboard")
@@ -130,5 +130,5 @@ def test_a_person_makes_a_key_and_an_app_in_the_browser_and_both_work(
     _fill(browser, {}, "Delete this application", confirm=True)
     notice = _text(browser, "notice")
     assert notice.startswith("Deleted the application reporting")
-    gone = httpx.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
+    gone = HTTP.post(f"{base}/oauth/token", json={**grant, "client_secret": rotated})
     assert gone.status_code == 401

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture
 def http(sandbox: SandboxProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sandbox.base_url, timeout=10) as client:
+    with loopback.client(base_url=sandbox.base_url, timeout=10) as client:
         yield client
 
 
@@ -35,7 +36,7 @@ def test_rate_limit_from_the_config_file_answers_429_with_retry_after(
     sandbox_factory: Callable[..., SandboxProcess],
 ) -> None:
     sandbox = sandbox_factory({"rate_limits": {"token": {"requests": 3, "per_seconds": 30}}})
-    with httpx.Client(base_url=sandbox.base_url) as http:
+    with loopback.client(base_url=sandbox.base_url) as http:
         statuses = [token_request(sandbox, http).status_code for _ in range(5)]
         assert statuses == [200, 200, 200, 429, 429]
         limited = token_request(sandbox, http)

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -26,7 +27,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess
 
 @pytest.fixture
 def http(sandbox: SandboxProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sandbox.base_url, timeout=10) as client:
+    with loopback.client(base_url=sandbox.base_url, timeout=10) as client:
         yield client
 
 

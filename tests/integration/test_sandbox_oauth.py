@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from keyturn_devkit.dev import loopback
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture
 def http(sandbox: SandboxProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sandbox.base_url, timeout=10) as client:
+    with loopback.client(base_url=sandbox.base_url, timeout=10) as client:
         yield client
 
 
@@ -207,7 +209,7 @@ def test_client_credentials_without_refresh_tokens_when_configured(
 ) -> None:
     sandbox = sandbox_factory({"issue_refresh_token_for_client_credentials": False})
     client_id, client_secret = client_of(sandbox)
-    response = httpx.post(
+    response = HTTP.post(
         f"{sandbox.base_url}/oauth/token",
         data={"grant_type": "client_credentials"},
         auth=(client_id, client_secret),
@@ -246,7 +248,7 @@ def test_a_one_second_access_token_expires_and_is_refreshed(
 ) -> None:
     sandbox = sandbox_factory({"access_token_lifetime": 1})
     client_id, client_secret = client_of(sandbox)
-    with httpx.Client(base_url=sandbox.base_url) as http:
+    with loopback.client(base_url=sandbox.base_url) as http:
         issued = http.post(
             "/oauth/token",
             data={"grant_type": "client_credentials"},

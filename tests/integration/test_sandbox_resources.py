@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture
 def http(sandbox: SandboxProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sandbox.base_url, timeout=10) as client:
+    with loopback.client(base_url=sandbox.base_url, timeout=10) as client:
         yield client
 
 

@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from keyturn_devkit.dev import loopback
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
 pytestmark = pytest.mark.sandbox
@@ -25,7 +26,7 @@ def _session(sandbox: SandboxProcess) -> list[str]:
     oauth = boot["oauth_client"]
     secrets = [boot["admin_token"], boot["api_key"]["key"], oauth["client_secret"]]
     admin = sandbox.admin
-    with httpx.Client(base_url=sandbox.base_url, timeout=10) as http:
+    with loopback.client(base_url=sandbox.base_url, timeout=10) as http:
 
         def token(**body: str) -> dict[str, str]:
             response = http.post("/oauth/token", json=body)
@@ -144,7 +145,7 @@ def test_without_a_bootstrap_file_the_credentials_are_printed_once(tmp_path: Pat
         while lines[-1] not in ("}\n", ""):
             lines.append(process.stdout.readline())
         data = json.loads("".join(lines))
-        response = httpx.get(
+        response = HTTP.get(
             f"{data['base_url']}/v1/users",
             headers={"Authorization": f"Bearer {data['api_key']['key']}"},
         )
@@ -180,7 +181,7 @@ def test_the_keyturn_command_dispatches_to_the_sandbox(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert bootstrap.exists(), process.stderr.read() if process.stderr else ""
         base_url = json.loads(bootstrap.read_text())["base_url"]
-        assert httpx.get(f"{base_url}/healthz").status_code == 200
+        assert HTTP.get(f"{base_url}/healthz").status_code == 200
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=10)

@@ -25,6 +25,7 @@ import httpx
 import hvac
 import pytest
 
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.client_keys import private_key_pem, public_jwks
 from keyturn_devkit.dev.oidc_provider import OidcProvider
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
@@ -158,7 +159,7 @@ backoff = {{ initial = "1s", max = "4s" }}
 def _present(setup: Setup, token: str) -> httpx.Response:
     """A registration read (RFC 7592 §2.1) with `token`, as the test: oidc-provider rotates
     the token on updates only, so a read leaves it as it was."""
-    with httpx.Client(timeout=5.0) as http:
+    with loopback.client(timeout=5.0) as http:
         return http.get(setup.client_uri, headers={"Authorization": f"Bearer {token}"})
 
 
@@ -259,7 +260,7 @@ class Crash:
     def server_kids(self) -> list[str]:
         """The key ids the server holds, read with the token keyturn keeps (a read: not
         rotated), while no daemon runs."""
-        with httpx.Client(timeout=5.0) as http:
+        with loopback.client(timeout=5.0) as http:
             answer = http.get(self.client_uri, headers={"Authorization": f"Bearer {self.token()}"})
         assert answer.status_code == 200, answer.text
         return [key["kid"] for key in answer.json()["jwks"]["keys"]]

@@ -25,6 +25,8 @@ import httpx
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev import loopback
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -83,7 +85,7 @@ class FileApp:
             self._thread.join(timeout=10)
 
     def _loop(self) -> None:
-        with httpx.Client(base_url=self.service_url, timeout=3.0) as http:
+        with loopback.client(base_url=self.service_url, timeout=3.0) as http:
             while not self._stop.is_set():
                 self.reads.append(self.read_once(http))
                 self._stop.wait(self.interval)
@@ -193,7 +195,7 @@ def sink_writes(daemon: DaemonProcess) -> dict[str, float]:
         for line in daemon.log_paths[-1].read_text().splitlines()
         if '"daemon.started"' in line
     )
-    text = httpx.get(f"{started['metrics']}/metrics", timeout=5).text
+    text = HTTP.get(f"{started['metrics']}/metrics", timeout=5).text
     found = re.findall(r'keyturn_sink_writes_total\{credential="app",result="(\w+)"\} (\S+)', text)
     return {result: float(value) for result, value in found}
 

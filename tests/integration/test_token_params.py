@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -177,15 +177,16 @@ def test_parameters_are_sent_refusals_named_and_the_family_end_known(
     assert "the server refused token_params.organization" in rows[bad]["last_error"]
     assert rows[bad]["refresh_token_ends_at"] is None
     assert rows[plain]["phase"] == "ok" and rows[good]["phase"] == "ok"
-    assert claims(str(published(plain)["access_token"]))["aud"] == deployment.clients[plain][
-        "client_id"
-    ]
+    assert (
+        claims(str(published(plain)["access_token"]))["aud"]
+        == deployment.clients[plain]["client_id"]
+    )
     ends = parse_rfc3339(rows[good]["refresh_token_ends_at"])
     assert abs(ends - (family_started + FAMILY)) <= 5  # earlier than the provider's 30 days
 
     # The metric an alert rule watches.
     port = metrics_port(process)
-    exposition = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    exposition = HTTP.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     [sample] = [
         line
         for line in exposition.splitlines()

@@ -20,11 +20,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import hvac
 import hvac.exceptions
 import pytest
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.sandbox import SandboxProcess
@@ -88,7 +88,7 @@ def read(client: hvac.Client, path: str, version: int | None = None) -> tuple[in
 
 
 def accepted(sandbox: SandboxProcess, key: str) -> bool:
-    answer = httpx.get(
+    answer = HTTP.get(
         f"{sandbox.base_url}/v1/users", headers={"Authorization": f"Bearer {key}"}, timeout=5
     )
     return answer.status_code == 200
@@ -158,7 +158,7 @@ def test_the_old_key_is_revoked_once_its_consumers_moved_or_at_max_grace(
         assert current == {"token-fast": True, "token-slow": False}
         listen = re.search(r'listen = "([^"]+)"', deployment.config_path.read_text())
         assert listen is not None
-        metrics = httpx.get(f"http://{listen[1]}/metrics", timeout=5).text
+        metrics = HTTP.get(f"http://{listen[1]}/metrics", timeout=5).text
         assert "keyturn_usage_source_up 1.0" in metrics
         assert 'keyturn_consumers{credential="stays"} 2.0' in metrics
         assert 'keyturn_consumer_reads_total{consumer="token-slow",credential="stays"}' in metrics

@@ -22,13 +22,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import hvac
 import hvac.exceptions
 import pytest
 
 from keyturn.commands.check import required_capabilities
 from keyturn.config import load_config
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer, bao_binary
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import DaemonProcess, Deployment, prepare_deployment
@@ -426,7 +426,7 @@ def test_the_compose_init_step_sets_up_what_keyturn_and_the_apps_need(
             for denied in (other, "keyturn/state/reporting", "keyturn/inputs/sandbox-admin"):
                 with pytest.raises(hvac.exceptions.Forbidden):
                     read(app, denied)
-            answer = httpx.get(
+            answer = HTTP.get(
                 f"{sandbox.base_url}/v1/users",
                 headers={"Authorization": own["data"]["data"]["authorization"]},
                 timeout=5,

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
 BINARIES = ("prometheus-alertmanager", "alertmanager")
@@ -94,7 +93,7 @@ class AlertmanagerServer(ManagedServer):
 
     def alerts(self, **params: str) -> list[dict[str, Any]]:
         """`GET /api/v2/alerts` (active alerts by default, as Alertmanager answers)."""
-        response = httpx.get(f"{self.url}/api/v2/alerts", params=params or None, timeout=5.0)
+        response = HTTP.get(f"{self.url}/api/v2/alerts", params=params or None, timeout=5.0)
         response.raise_for_status()
         return list(response.json())
 

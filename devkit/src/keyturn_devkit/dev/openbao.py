@@ -14,8 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
@@ -88,7 +87,7 @@ class OpenBaoDevServer(ManagedServer):
     def _kv_ready(self, deadline: float) -> bool:
         headers = {"X-Vault-Token": self.root_token}
         while time.monotonic() < deadline:
-            response = httpx.get(
+            response = HTTP.get(
                 f"{self.address}/v1/sys/mounts/secret/tune", headers=headers, timeout=1.0
             )
             if response.status_code == 200:

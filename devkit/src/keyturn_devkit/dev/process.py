@@ -12,6 +12,8 @@ from typing import Any, Self
 
 import httpx
 
+from keyturn_devkit.dev.loopback import HTTP
+
 
 def terminate(
     process: subprocess.Popen[Any] | None, *, timeout: float = 10.0, signum: int = signal.SIGTERM
@@ -63,7 +65,7 @@ def wait_answering(
         if process is None or process.poll() is not None:
             return False
         try:
-            if httpx.get(url, headers=dict(headers or {}), timeout=1.0).status_code == 200:
+            if HTTP.get(url, headers=dict(headers or {}), timeout=1.0).status_code == 200:
                 return True
         except httpx.HTTPError:
             pass

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import bao_binary
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
@@ -86,7 +87,7 @@ class RaftNode:
     def health(self, timeout: float = 2.0) -> dict[str, Any] | None:
         """The node's sys/health body, or None if it does not answer."""
         try:
-            response = httpx.get(self.address + _HEALTH, timeout=timeout)
+            response = HTTP.get(self.address + _HEALTH, timeout=timeout)
         except httpx.HTTPError:
             return None
         try:
@@ -193,7 +194,7 @@ class OpenBaoRaftCluster(ManagedServer):
     def seal_node(self, index: int) -> None:
         """Seal one node (`sys/seal` on that node); it stays up, answering 503."""
         node = self.nodes[index]
-        response = httpx.put(f"{node.address}/v1/sys/seal", headers=self._headers(), timeout=10.0)
+        response = HTTP.put(f"{node.address}/v1/sys/seal", headers=self._headers(), timeout=10.0)
         if response.status_code not in (200, 204):
             raise ClusterError(f"sealing {node.node_id}: HTTP {response.status_code}")
         self._wait(
@@ -213,7 +214,7 @@ class OpenBaoRaftCluster(ManagedServer):
         keep naming it). `stop_node(cluster.leader().index)` is what moves the leadership.
         """
         old = self.leader()
-        response = httpx.put(
+        response = HTTP.put(
             f"{old.address}/v1/sys/step-down", headers=self._headers(), timeout=10.0
         )
         if response.status_code not in (200, 204):
@@ -291,7 +292,7 @@ class OpenBaoRaftCluster(ManagedServer):
     def _quick_promotion(self) -> None:
         """Autopilot promotes a joined node to voter after `server_stabilization_time` (10 s
         by default); 2 s keeps the tests' restarts short."""
-        response = httpx.post(
+        response = HTTP.post(
             f"{self.leader().address}/v1/sys/storage/raft/autopilot/configuration",
             headers=self._headers(),
             json={"server_stabilization_time": "2s"},
@@ -305,7 +306,7 @@ class OpenBaoRaftCluster(ManagedServer):
         is a non-voter until autopilot promotes it; until then losing the leader leaves no
         quorum ("not part of stable configuration, aborting election")."""
         try:
-            answer = httpx.get(
+            answer = HTTP.get(
                 f"{leader.address}/v1/sys/storage/raft/configuration",
                 headers=self._headers(),
                 timeout=5.0,
@@ -386,7 +387,7 @@ class OpenBaoRaftCluster(ManagedServer):
             return first.health() is not None
 
         self._wait(answering, deadline, "node0 to answer")
-        response = httpx.put(
+        response = HTTP.put(
             f"{first.address}/v1/sys/init",
             json={"secret_shares": 1, "secret_threshold": 1},
             timeout=30.0,
@@ -412,7 +413,7 @@ class OpenBaoRaftCluster(ManagedServer):
                 if health is None:
                     continue
                 with contextlib.suppress(httpx.HTTPError):
-                    httpx.put(
+                    HTTP.put(
                         f"{node.address}/v1/sys/unseal",
                         json={"key": self.unseal_key},
                         timeout=10.0,
@@ -424,7 +425,7 @@ class OpenBaoRaftCluster(ManagedServer):
 
     def _enable_kv(self, deadline: float) -> None:
         leader = self.leader()
-        response = httpx.post(
+        response = HTTP.post(
             f"{leader.address}/v1/sys/mounts/secret",
             headers=self._headers(),
             json={"type": "kv", "options": {"version": "2"}},
@@ -437,7 +438,7 @@ class OpenBaoRaftCluster(ManagedServer):
             for node in self.nodes:
                 # The KV v2 upgrade must be done and visible on every node (config answers).
                 try:
-                    answer = httpx.get(
+                    answer = HTTP.get(
                         f"{node.address}/v1/secret/config", headers=self._headers(), timeout=2.0
                     )
                 except httpx.HTTPError:
@@ -476,7 +477,7 @@ class OpenBaoRaftCluster(ManagedServer):
     @staticmethod
     def _leader_address(node: RaftNode) -> str | None:
         try:
-            response = httpx.get(f"{node.address}/v1/sys/leader", timeout=2.0)
+            response = HTTP.get(f"{node.address}/v1/sys/leader", timeout=2.0)
             body = response.json() if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return None
@@ -486,7 +487,7 @@ class OpenBaoRaftCluster(ManagedServer):
     @staticmethod
     def _applied_index(node: RaftNode) -> int:
         try:
-            response = httpx.get(f"{node.address}/v1/sys/leader", timeout=2.0)
+            response = HTTP.get(f"{node.address}/v1/sys/leader", timeout=2.0)
             body = response.json() if response.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return -1

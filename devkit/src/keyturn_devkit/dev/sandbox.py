@@ -21,8 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate
 
 
@@ -69,7 +68,7 @@ class SandboxAdmin:
     """
 
     def __init__(self, base_url: str, admin_token: str, timeout: float = 10.0) -> None:
-        self._client = httpx.Client(
+        self._client = loopback.client(
             base_url=base_url,
             headers={"Authorization": f"Bearer {admin_token}"},
             timeout=timeout,

@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
-
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.process import ManagedServer
 from keyturn_devkit.harness.deployment import DaemonProcess
 
@@ -199,26 +198,28 @@ def read_published(
 ) -> dict[str, PublishedPath]:
     """The metadata of every published path (credential name -> KV path) that exists."""
     found: dict[str, PublishedPath] = {}
-    with httpx.Client(base_url=address, headers={"X-Vault-Token": token}, timeout=5) as vault:
-        for name, path in paths.items():
-            answer = vault.get(f"/v1/{mount}/metadata/{path}")
-            if answer.status_code == 404:
-                continue
-            answer.raise_for_status()
-            data = answer.json()["data"]
-            created = {
-                int(version): parse_rfc3339(entry["created_time"])
-                for version, entry in (data.get("versions") or {}).items()
-            }
-            writer = (data.get("custom_metadata") or {}).get("writer")
-            found[name] = PublishedPath(name, int(data["current_version"]), writer, created)
+    for name, path in paths.items():
+        answer = HTTP.get(
+            f"{address}/v1/{mount}/metadata/{path}", headers={"X-Vault-Token": token}, timeout=5
+        )
+        if answer.status_code == 404:
+            continue
+        answer.raise_for_status()
+        data = answer.json()["data"]
+        created = {
+            int(version): parse_rfc3339(entry["created_time"])
+            for version, entry in (data.get("versions") or {}).items()
+        }
+        writer = (data.get("custom_metadata") or {}).get("writer")
+        found[name] = PublishedPath(name, int(data["current_version"]), writer, created)
     return found
 
 
 def read_record(address: str, token: str, path: str, mount: str = "secret") -> dict[str, str]:
     """The fields of one KV entry (e.g. a credential's private record); {} if there is none."""
-    with httpx.Client(base_url=address, headers={"X-Vault-Token": token}, timeout=5) as vault:
-        answer = vault.get(f"/v1/{mount}/data/{path}")
+    answer = HTTP.get(
+        f"{address}/v1/{mount}/data/{path}", headers={"X-Vault-Token": token}, timeout=5
+    )
     if answer.status_code == 404:
         return {}
     answer.raise_for_status()

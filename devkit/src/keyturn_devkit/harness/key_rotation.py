@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import hvac
 
 from keyturn.clock import parse_rfc3339
 from keyturn.commands.status import EXIT_NOT_OK, EXIT_OK
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 from keyturn_devkit.harness.deployment import Deployment, _table, prepare_deployment
@@ -263,7 +263,7 @@ class KeySampler:
         self.samples: dict[str, list[KeySample]] = {}
         self.replaced: dict[str, list[KeySample]] = {}
         self._vault = deployment.vault_client()
-        self._http = httpx.Client(base_url=deployment.sandbox.base_url, timeout=5)
+        self._http = loopback.client(base_url=deployment.sandbox.base_url, timeout=5)
 
     def close(self) -> None:
         self._http.close()

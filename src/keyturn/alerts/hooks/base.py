@@ -20,7 +20,7 @@ from keyturn.alerts.model import DEFAULT_RUNBOOK_BASE, SEVERITY_RANK, Alert, Sev
 from keyturn.clock import Clock
 from keyturn.logs import redact_secrets
 from keyturn.policy import BackoffPolicy
-from keyturn.providers.http import parse_retry_after
+from keyturn.providers.http import parse_retry_after, system_tls
 from keyturn.secret import Secret
 
 USER_AGENT = f"keyturn/{__version__}"
@@ -118,6 +118,7 @@ class HttpHook:
         self._http = httpx.AsyncClient(
             timeout=timeout,
             transport=transport,
+            verify=system_tls(),
             follow_redirects=False,
             headers={"User-Agent": USER_AGENT},
         )
