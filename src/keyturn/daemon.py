@@ -48,13 +48,9 @@ from keyturn.jobs.build import JobSet
 from keyturn.jobs.job import JobDeps
 from keyturn.logs import get_logger
 from keyturn.notify import SystemdNotifier
-from keyturn.observability import (
-    HeartbeatLiveness,
-    MetricsServer,
-    PrometheusObserver,
-    readiness_check,
-)
-from keyturn.observability.server import UsageView
+from keyturn.observability.health import HeartbeatLiveness, readiness_check
+from keyturn.observability.metrics import PrometheusObserver
+from keyturn.observability.server import MetricsServer, UsageView
 from keyturn.references import ReferenceResolver
 from keyturn.runtime import Runtime, running, vault_store
 from keyturn.saved_plan import SAVE_INTERVAL, PlanStore

@@ -28,7 +28,7 @@ from keyturn.layout import state_path
 from keyturn.logs import get_logger
 from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, Membership, takeover_needed
 from keyturn.notify import SystemdNotifier
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.policy import RefreshPolicy
 from keyturn.providers.http import system_tls
 from keyturn.runtime import Runtime

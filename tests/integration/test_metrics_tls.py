@@ -30,7 +30,7 @@ from structlog.testing import capture_logs
 
 from keyturn.config import MetricsSettings
 from keyturn.config.webconfig import load_web_config
-from keyturn.observability import MetricsServer
+from keyturn.observability.server import MetricsServer
 from keyturn_devkit.dev.tls import _openssl, make_throwaway_pki
 
 PASSWORD = "correct horse battery staple"

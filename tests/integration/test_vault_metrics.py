@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from keyturn.clock import SystemClock
 from keyturn.errors import SecretReferenceError, VaultCasConflict, VaultPermissionDenied
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.secret import Secret
 from keyturn.vault import VaultAuth, VaultConnection, VaultStore
 from keyturn_devkit.dev.openbao import OpenBaoDevServer

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from keyturn.clock import FakeClock
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "daemon_scale.py"
 

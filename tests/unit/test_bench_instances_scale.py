@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from keyturn.clock import FakeClock
 from keyturn.logs import configure_logging
 from keyturn.members import Membership
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.policy import RefreshPolicy, refresh_window
 from keyturn.testing.vault import FakeVaultStore
 from keyturn_devkit.sandbox.config import Settings

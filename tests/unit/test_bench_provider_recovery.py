@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from keyturn.clock import FakeClock
 from keyturn.events import Published, TokenRequest
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.policy import RefreshPolicy
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "provider_recovery.py"

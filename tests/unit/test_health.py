@@ -20,13 +20,9 @@ from keyturn.config import MetricsSettings
 from keyturn.errors import KeyturnError, VaultUnavailable
 from keyturn.events import Published
 from keyturn.jobs.job import Outcome
-from keyturn.observability import (
-    HeartbeatLiveness,
-    MetricsServer,
-    PrometheusObserver,
-    readiness_check,
-)
-from keyturn.observability.health import Alive, Ready, shorten
+from keyturn.observability.health import Alive, HeartbeatLiveness, Ready, readiness_check, shorten
+from keyturn.observability.metrics import PrometheusObserver
+from keyturn.observability.server import MetricsServer
 from keyturn.scheduler import CredentialScheduler
 from keyturn.state import CredentialState, TokenRecord
 from keyturn.testing.vault import FakeVaultStore

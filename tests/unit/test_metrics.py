@@ -32,7 +32,7 @@ from keyturn.events import (
 )
 from keyturn.jobs.job import JobDeps
 from keyturn.kinds import build_job
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.providers.client import ProviderClient
 from keyturn.references import SecretRef
 from keyturn.secret import Secret

@@ -35,8 +35,8 @@ from keyturn.events import (
     Suspicious,
     TokenRequest,
 )
-from keyturn.observability import PrometheusObserver
 from keyturn.observability.catalog import DETECTORS, USAGE
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.usage.audit import AuditRead
 from keyturn.usage.layout import Layout, Watched
 from keyturn.usage.metrics import UsageCollector

@@ -29,7 +29,7 @@ from keyturn.events import Published, Restored
 from keyturn.kinds.api_key import published_fields as api_key_published_fields
 from keyturn.kinds.oauth_client.refresh import published_fields as oauth_published_fields
 from keyturn.logs import configure_logging
-from keyturn.observability import PrometheusObserver
+from keyturn.observability.metrics import PrometheusObserver
 from keyturn.secret import Secret
 from keyturn.sinks import SinkManager, parse_record, render, write_atomically
 from keyturn.testing.vault import FakeVaultStore

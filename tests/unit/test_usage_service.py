@@ -20,7 +20,7 @@ from keyturn.commands.usage import UsageUnavailable, consumer_counts, daemon_url
 from keyturn.config import Config, MetricsSettings, parse_config
 from keyturn.events import Suspicious
 from keyturn.jobs.job import ConsumersOnOld
-from keyturn.observability import MetricsServer
+from keyturn.observability.server import MetricsServer
 from keyturn.testing.observer import RecordingObserver
 from keyturn.usage.audit import Identity
 from keyturn.usage.service import UsageService, layout_of

@@ -6,16 +6,7 @@ metrics.py ... `PrometheusObserver`: an `Observer` that keeps every metric in a 
 health.py .... liveness from the scheduler heartbeat, readiness from Vault and credentials
 server.py .... `MetricsServer`: aiohttp serving /metrics, /healthz, /readyz and /usage
 guard.py ..... `[metrics] web_config` at work: TLS contexts re-read on change, basic auth
+
+Nothing is re-exported here: the commands that only read the catalog (check, usage) must not
+import aiohttp or the scheduler with it.
 """
-
-from keyturn.observability.health import HeartbeatLiveness, readiness_check
-from keyturn.observability.metrics import CredentialMetrics, PrometheusObserver
-from keyturn.observability.server import MetricsServer
-
-__all__ = [
-    "CredentialMetrics",
-    "HeartbeatLiveness",
-    "MetricsServer",
-    "PrometheusObserver",
-    "readiness_check",
-]
