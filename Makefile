@@ -19,22 +19,25 @@ $(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml con
 		-e 'clients/python[httpx,requests]'
 	touch $(STAMP)
 
-# twine (the release test's `twine check`) in a venv of its own: it brings rich, which structlog
-# and httpx import whenever it is installed, costing each keyturn and sandbox process the tests
-# start about 0.2 s of CPU (several hundred of them per run).
-TWINE := build/twine/bin/twine
-$(TWINE): constraints.txt
-	$(PYTHON) -m venv build/twine
-	build/twine/bin/pip install --quiet --disable-pip-version-check -c constraints.txt twine
+# The release tools, twine (`twine check`) and cyclonedx-bom (the image's SBOM), in a venv of
+# their own: they bring rich and chardet, which structlog, httpx and requests import whenever
+# they are installed, costing each keyturn and sandbox process the tests start about 0.3 s of
+# CPU (several hundred of them per run).
+TOOLS := build/tools/.installed
+$(TOOLS): constraints.txt
+	$(PYTHON) -m venv build/tools
+	build/tools/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
+		twine cyclonedx-bom
+	touch $(TOOLS)
 
 demo: $(STAMP)
 	$(BIN)/keyturn demo
 
-# The Debian and npm packages (scripts/system-deps.sh, mostly downloads) and twine's venv install
+# The Debian and npm packages (scripts/system-deps.sh, mostly downloads) and the tools' venv install
 # while the venv is made and linted, not after; their output is shown once both are done.
 test:
 	@mkdir -p build
-	@{ { bash scripts/system-deps.sh && $(MAKE) --no-print-directory $(TWINE); } \
+	@{ { bash scripts/system-deps.sh && $(MAKE) --no-print-directory $(TOOLS); } \
 		> build/system-deps.log 2>&1; echo $$? > build/system-deps.rc; } & \
 	$(MAKE) --no-print-directory $(STAMP) && $(BIN)/ruff check src devkit tests bench clients \
 		&& $(BIN)/mypy; status=$$?; wait; cat build/system-deps.log; \
@@ -48,7 +51,7 @@ test:
 # keyturn's image: deploy/Dockerfile built by buildah from nothing (scripts/build-image.sh), then
 # booted by podman against a dev OpenBao and the sandbox. `make test` runs the same test module,
 # first of all, so that the build overlaps the other tests.
-image: $(STAMP)
+image: $(STAMP) $(TOOLS)
 	bash scripts/system-deps.sh
 	$(BIN)/pytest -q -p no:cacheprovider tests/integration/test_image.py
 	@cat build/image/report.txt

@@ -18,12 +18,14 @@
 #      packages: printed, and kept in build/image/report.txt.
 #
 # Needs root, buildah, podman and mmdebstrap (scripts/system-deps.sh installs them), and the
-# project's venv (PYTHON, default .venv/bin/python, with pip and cyclonedx-bom). Nothing is
+# project's venv (PYTHON, default .venv/bin/python, with pip) and the release tools' venv
+# (TOOLS, default build/tools, with cyclonedx-bom: `make build/tools/.installed`). Nothing is
 # cached between runs: every step starts from nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-.venv/bin/python}
+TOOLS=${TOOLS:-build/tools}
 OUT=build/image
 STANDIN=localhost/keyturn-python:3.11-bookworm
 export CONTAINERS_CONF="$PWD/scripts/containers.conf"
@@ -91,7 +93,7 @@ site=$(echo "$OUT"/sbom-env/lib/python3*/site-packages)
 rootfs=$(podman image mount "$image")
 cp -a "$rootfs/usr/local/lib/python3.11/site-packages/." "$site/"
 podman image unmount "$image" >/dev/null
-"$PYTHON" -m cyclonedx_py environment --output-reproducible \
+"$TOOLS/bin/python" -m cyclonedx_py environment --output-reproducible \
     --output-file "$OUT/keyturn-$version.cdx.json" "$OUT/sbom-env"
 rm -rf "$OUT/sbom-env"
 step "SBOM $OUT/keyturn-$version.cdx.json"

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = keyturn.__version__
-# twine in a venv of its own (the Makefile says why).
-TWINE = ROOT / "build" / "twine" / "bin" / "twine"
+# twine in the release tools' venv (the Makefile says why).
+TWINE = ROOT / "build" / "tools" / "bin" / "twine"
 SOURCES = {"keyturn": ROOT, "keyturn_client": ROOT / "clients" / "python"}
 # pip with no configuration file and no PIP_* variable: nothing but what a command names.
 BARE_ENV = {
@@ -129,7 +129,7 @@ def test_one_version_names_both_distributions_and_heads_the_changelog(dist: Path
 
 
 def test_twine_check_passes_on_every_file(dist: Path) -> None:
-    assert TWINE.exists(), f"{TWINE} is missing: `make test` (or `make {TWINE.relative_to(ROOT)}`)"
+    assert TWINE.exists(), f"{TWINE} is missing: `make test` (or `make build/tools/.installed`)"
     files = sorted(dist.iterdir())
     checked = run(TWINE, "check", "--strict", *files)
     assert checked.returncode == 0, checked.stdout + checked.stderr
