@@ -43,6 +43,7 @@ LONGEST_FIRST = (
     "integration/test_client_auth.py",  # 43-62
     "integration/test_release.py",  # 42 (64 on a busy machine)
     "integration/test_token_params.py",  # 56 (on a busy machine)
+    "integration/test_glewlwyd.py",  # 37-46 (9-19 of it the RFC 7592 rotation)
 )
 
 

@@ -2,15 +2,19 @@
 client credentials with `private_key_jwt`. The daemon keeps a token fresh in a real OpenBao
 while a reader checks every value it reads against Glewlwyd's own JWKS (signature, issuer,
 expiry); a client whose key Glewlwyd never registered is refused with a bare 403, which
-keyturn reports as invalid_client naming what it sent."""
+keyturn reports as invalid_client naming what it sent. A client registered dynamically (RFC
+7591) has its key rotated by `keyturn rotate` through Glewlwyd's RFC 7592 registration
+management."""
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import hvac
 import hvac.exceptions
 import jwt
@@ -18,14 +22,17 @@ import pytest
 
 from keyturn_devkit.dev.client_keys import private_key_pem, public_jwks
 from keyturn_devkit.dev.glewlwyd import GlewlwydServer
+from keyturn_devkit.dev.loopback import HTTP
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.deployment import DaemonProcess
-from keyturn_devkit.harness.key_rotation import run_keyturn
+from keyturn_devkit.harness.key_rotation import run_keyturn, status_rows
 
 pytestmark = [pytest.mark.openbao, pytest.mark.slow]
 
 TTL = 6
 RUN = 12.0
+SIGNING_KEY = "glew-signing-key"
+GRACE = 2.0  # seconds the old public key stays registered
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def deployment(
 ) -> Iterator[tuple[GlewlwydServer, Path]]:
     workdir = tmp_path_factory.mktemp("glewlwyd")
     key, stranger = private_key_pem("ES256"), private_key_pem("ES256")
-    with GlewlwydServer(workdir, access_token_ttl=TTL) as idp:
+    with GlewlwydServer(workdir, access_token_ttl=TTL, registration=True) as idp:
         idp.add_private_key_jwt_client("glew-es256", public_jwks((key, "ES256")))
         idp.add_private_key_jwt_client("glew-stranger", public_jwks((key, "ES256")))
         for name, pem in (("glew.key", key), ("stranger.key", stranger)):
@@ -112,3 +119,75 @@ def test_the_daemon_keeps_a_glewlwyd_token_fresh(
         path="glewlwyd/keyturn/state/glew-stranger", raise_on_deleted_version=True
     )["data"]["data"]
     assert "HTTP 403 with no error body" in json.dumps(state)
+
+
+def _token_request(idp: GlewlwydServer, client_id: str, pem: str, kid: str) -> httpx.Response:
+    """Client credentials, authenticated by an ES256 assertion signed with `pem` as `kid`."""
+    now = int(time.time())
+    claims = {"iss": client_id, "sub": client_id, "aud": idp.token_url, "iat": now}
+    claims |= {"exp": now + 60, "jti": uuid.uuid4().hex}
+    assertion = jwt.encode(claims, pem, algorithm="ES256", headers={"kid": kid})
+    form = {"grant_type": "client_credentials", "scope": "read", "client_id": client_id}
+    form["client_assertion_type"] = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+    return HTTP.post(idp.token_url, data={**form, "client_assertion": assertion})
+
+
+def _registered_kids(uri: str, token: str) -> list[str]:
+    """The key ids of the client's registration, read (RFC 7592 §2.1) with `token`."""
+    read = HTTP.get(uri, headers={"Authorization": f"Bearer {token}"})
+    assert read.status_code == 200, read.text
+    return [key["kid"] for key in read.json()["jwks"]["keys"]]
+
+
+def test_a_dynamically_registered_key_is_rotated_through_rfc7592_management(
+    deployment: tuple[GlewlwydServer, Path], openbao: OpenBaoDevServer
+) -> None:
+    idp, shared = deployment
+    first = private_key_pem("ES256")
+    jwks = public_jwks((first, "ES256"))
+    answer = HTTP.post(
+        idp.register_url,
+        json={
+            "token_endpoint_auth_method": "private_key_jwt",
+            "jwks": jwks,
+            "grant_types": ["client_credentials"],
+            "redirect_uris": ["https://client.keyturn.test/callback"],  # Glewlwyd needs one
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    registered = answer.json()
+    client_id, uri = registered["client_id"], registered["registration_client_uri"]
+    token = registered["registration_access_token"]
+    first_kid = jwks["keys"][0]["kid"]
+    assert _token_request(idp, client_id, first, first_kid).status_code == 200
+    config = shared.parent / "signing-key.toml"
+    config.write_text(
+        shared.read_text().split("[[credentials]]")[0]
+        + f'[[credentials]]\nname = "{SIGNING_KEY}"\nprovider = "glewlwyd"\n'
+        f'kind = "signing_key"\nclient_id = "{client_id}"\nalgorithm = "ES256"\n'
+        f'scope = "read"\npublish_to = "glewlwyd/apps/{SIGNING_KEY}"\n'
+        f'rotation = {{ max_age = "30d", grace = "{GRACE}s" }}\n'
+        f'registration = {{ method = "rfc7592", client_uri = "{uri}" }}\n'
+    )
+    handed = json.dumps({"private_key": first, "registration_access_token": token})
+    imported = run_keyturn("import-signing-key", "-c", str(config), SIGNING_KEY, stdin=handed)
+    assert imported.returncode == 0, imported.stdout + imported.stderr
+
+    rotated = run_keyturn("rotate", "-c", str(config), SIGNING_KEY)
+    assert rotated.returncode == 0, rotated.stdout + rotated.stderr
+    root = hvac.Client(url=openbao.address, token=openbao.root_token)
+    published = root.secrets.kv.v2.read_secret_version(
+        path=f"glewlwyd/apps/{SIGNING_KEY}", raise_on_deleted_version=True
+    )["data"]["data"]
+    new, new_kid = published["private_key"], published["kid"]
+    assert _registered_kids(uri, token) == [first_kid, new_kid]  # both, through the grace
+    time.sleep(GRACE + 0.5)
+    retired = run_keyturn("rotate", "-c", str(config), SIGNING_KEY)  # moves past the grace
+    assert retired.returncode == 0, retired.stdout + retired.stderr
+
+    # Glewlwyd keeps its registration access token on updates (oidc-provider rotates it): the
+    # one handed over still reads the registration, which holds only the new key.
+    assert _registered_kids(uri, token) == [new_kid]
+    assert _token_request(idp, client_id, new, new_kid).status_code == 200
+    assert _token_request(idp, client_id, first, first_kid).status_code in (401, 403)
+    assert status_rows(config)[SIGNING_KEY]["key_id"] == new_kid

@@ -365,6 +365,36 @@ async def test_a_put_refused_for_its_metadata_names_the_field_and_keeps_the_key_
     assert published is not None and published.data["kid"] == current
 
 
+async def test_a_field_read_back_as_a_one_element_array_is_sent_back_as_its_string() -> None:
+    """Glewlwyd 2.7 reads `token_endpoint_auth_method` back as ["private_key_jwt"] and refuses
+    that array in an update (HTTP 400 invalid_client_metadata); RFC 7591 makes it a string."""
+    world = World()
+    real = world.server.handler
+
+    def glewlwyd(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            sent = json.loads(request.content)["token_endpoint_auth_method"]
+            if not isinstance(sent, str):
+                world.server.presented.append(request.headers["Authorization"][7:])
+                return httpx.Response(400, json={"error": "invalid_client_metadata"})
+        answer = real(request)
+        if request.method != "GET":
+            return answer
+        document = answer.json()
+        document["token_endpoint_auth_method"] = [document["token_endpoint_auth_method"]]
+        return httpx.Response(200, json=document)
+
+    world.server.handler = glewlwyd  # type: ignore[method-assign]
+    job = world.job()
+    await world.run_until_idle(job)
+    first = (await world.state()).rotation.key_id
+    world.clock.advance(30 * DAY)
+    await world.run_until_idle(job)
+    state = await world.state()
+    assert state.rotation.key_id != first and world.server.kids() == [state.rotation.key_id]
+    assert world.server.metadata["token_endpoint_auth_method"] == "private_key_jwt"
+
+
 async def test_a_server_that_drops_the_old_key_at_once_is_reported_and_the_new_key_used() -> None:
     world = World()
     job = world.job()

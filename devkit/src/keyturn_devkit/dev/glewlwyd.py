@@ -6,6 +6,10 @@ with `private_key_jwt`.
         idp.add_private_key_jwt_client("reporting", jwks, scope="read")
         idp.token_url, idp.jwks_url, idp.issuer
 
+With `registration=True`, the plugin also takes open dynamic client registration (RFC 7591,
+`idp.register_url`) and lets each client manage its registration (RFC 7592) with the
+registration access token it got.
+
 It starts from the package's own SQLite schema (`init.sqlite3.sql.gz`, with its `admin` /
 `password` administrator), logs in through the admin API, and adds an `oidc` plugin instance
 (a throwaway RSA signing key, client credentials and JWT client authentication enabled), a
@@ -26,6 +30,7 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from keyturn_devkit.dev import loopback
 from keyturn_devkit.dev.ports import free_port_pair
 from keyturn_devkit.dev.process import ManagedServer, spawn_logged, terminate, wait_answering
 
@@ -41,9 +46,12 @@ class GlewlwydError(RuntimeError):
 class GlewlwydServer(ManagedServer):
     """One glewlwyd process with its own SQLite database in `workdir`."""
 
-    def __init__(self, workdir: Path, *, access_token_ttl: int = 60) -> None:
+    def __init__(
+        self, workdir: Path, *, access_token_ttl: int = 60, registration: bool = False
+    ) -> None:
         self.workdir = workdir
         self.access_token_ttl = access_token_ttl
+        self.registration = registration
         self.port = 0
         self._process: subprocess.Popen[bytes] | None = None
         self._admin: httpx.Client | None = None
@@ -68,6 +76,10 @@ class GlewlwydServer(ManagedServer):
         return f"{self.issuer}/jwks"
 
     @property
+    def register_url(self) -> str:
+        return f"{self.issuer}/register"
+
+    @property
     def log_path(self) -> Path:
         return self.workdir / "glewlwyd.log"
 
@@ -90,7 +102,7 @@ class GlewlwydServer(ManagedServer):
         if not wait_answering(self._process, f"{self.base_url}/config/", deadline=deadline):
             self.stop()
             raise GlewlwydError(f"glewlwyd did not start; see {self.log_path}")
-        self._admin = httpx.Client(base_url=f"{self.base_url}/api", timeout=10.0)
+        self._admin = loopback.client(base_url=f"{self.base_url}/api", timeout=10.0)
         self._call("POST", "/auth/", ADMIN)
         self._add_oidc_plugin()
         return self
@@ -185,6 +197,12 @@ class GlewlwydServer(ManagedServer):
             "email-claim": "no",
             "scope-claim": "no",
             "address-claim": no_claim,
+            # Open registration (no initial access token) with RFC 7592 management; the new
+            # clients get the scope `read`.
+            "register-client-allowed": self.registration,
+            "register-client-auth-scope": [],
+            "register-client-credentials-scope": ["read"],
+            "register-client-management-allowed": self.registration,
         }
         body = {"module": "oidc", "name": "oidc", "display_name": "OIDC", "enabled": True}
         self._call("POST", "/mod/plugin/", {**body, "parameters": parameters})

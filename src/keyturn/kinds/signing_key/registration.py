@@ -45,6 +45,19 @@ NOT_SENT_BACK = (
     "client_secret_expires_at",
     "client_id_issued_at",
 )
+# RFC 7591 §2: client metadata that hold one string each. Glewlwyd 2.7 reads
+# `token_endpoint_auth_method` back as a one-element array, and refuses that array in an update.
+SINGLE_VALUED = (
+    "token_endpoint_auth_method",
+    "client_name",
+    "client_uri",
+    "logo_uri",
+    "tos_uri",
+    "policy_uri",
+    "jwks_uri",
+    "software_id",
+    "software_version",
+)
 # The registration's answers are metadata, never large.
 MAX_ANSWER = 256 * 1024
 
@@ -156,6 +169,7 @@ class Rfc7592:
         """PUT back what was read, with `jwks` holding `keys`."""
         body = {k: v for k, v in metadata.items() if k not in NOT_SENT_BACK}
         body["jwks"] = {"keys": list(keys)}
+        _single_values_as_strings(body)
         return await self._exchange(journal, "PUT", body)
 
     async def _exchange(
@@ -358,6 +372,15 @@ class JwksDocument:
         held = record.read(journal.state, self._credential)
         journal.stage(record.write(journal.state, held.with_(registered=kids)))
         return kids
+
+
+def _single_values_as_strings(body: dict[str, Any]) -> None:
+    """A single-valued field the server read back as a one-element array goes back as that
+    one string: the same value, in the type RFC 7591 gives it."""
+    for field in SINGLE_VALUED:
+        value = body.get(field)
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+            body[field] = value[0]
 
 
 def _json(content: bytes) -> dict[str, Any] | None:
