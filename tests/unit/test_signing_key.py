@@ -345,6 +345,7 @@ async def test_an_update_sends_back_the_last_answer_with_no_read_first() -> None
     assert world.server.methods == ["GET", "PUT"]  # a seeded token: nothing held to send back
     held = record.read(await world.state(), "billing-key").metadata
     assert held == world.server.metadata and held is not world.server.metadata
+    assert "private_key_jwt" not in repr(record.read(await world.state(), "billing-key"))
     world.clock.advance(30 * DAY)
     await job.run()  # adds the new key
     world.clock.advance(DAY)

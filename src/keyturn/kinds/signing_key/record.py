@@ -6,7 +6,7 @@ first), the key ids the server holds, and a client secret the server issued on a
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from keyturn.errors import VaultDataError
@@ -38,7 +38,8 @@ class Registration:
     # The client metadata of the server's last successful RFC 7592 answer (or of the RFC 7591
     # registration response handed over), without the fields not sent back and the token: what
     # an update PUTs back with `jwks` changed. None: the next update reads it first.
-    metadata: dict[str, Any] | None = None
+    # (It may hold the client's `client_secret`: never in a repr.)
+    metadata: dict[str, Any] | None = field(default=None, repr=False)
 
     def with_(self, **changes: object) -> Registration:
         return replace(self, **changes)  # type: ignore[arg-type]
