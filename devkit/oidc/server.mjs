@@ -191,8 +191,25 @@ async function googleToken(form) {
   return [200, { access_token: token, token_type: 'Bearer', expires_in: ttl }];
 }
 
+// Each request to a client's registration URI (RFC 7592, /reg/<client_id>): its method, path
+// and the sha256 (hex) of the Bearer token presented, never the token; the tests count
+// presentations per token (GET /__dev/registration-presentations).
+const presentations = [];
+function notePresentation(req) {
+  const path = req.url.split('?')[0];
+  const bearer = /^Bearer (.+)$/.exec(req.headers.authorization || '');
+  if (!path.startsWith('/reg/') || !bearer) return;
+  const sha256 = crypto.createHash('sha256').update(bearer[1]).digest('hex');
+  presentations.push({ method: req.method, path, sha256 });
+}
+
 const callback = provider.callback();
 providerServer.on('request', async (req, res) => {
+  notePresentation(req);
+  if (req.method === 'GET' && req.url === '/__dev/registration-presentations') {
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(presentations));
+    return;
+  }
   if (req.method === 'POST' && req.url === '/__dev/refresh-token') {
     let data = '';
     for await (const chunk of req) data += chunk;

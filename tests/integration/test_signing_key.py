@@ -3,12 +3,15 @@
 each update), in a real OpenBao, by `keyturn run`:
 
 1. the test registers a client (RFC 7591) with a key pair of its own, and hands that key pair
-   and the registration access token to keyturn (`keyturn import-signing-key`);
+   and the registration response (its metadata and registration access token) to keyturn
+   (`keyturn import-signing-key`);
 2. the daemon rotates the key twice (a few seconds each) while an `oauth_client` credential
    authenticates with the published key (`private_key_jwt`, `client_key` a reference to the
    signing key's `private_key`) and an app reads its token and calls the resource server;
 3. throughout, the registration never holds more than two keys, and at the end only the key in
-   use; the first registration access token is dead (rotated away) and keyturn's last one works.
+   use; the first registration access token is dead (rotated away) and keyturn's last one works;
+   the server saw each registration access token presented at most once (it counts them by
+   sha256: GET /__dev/registration-presentations).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +57,7 @@ class Setup:
     client_uri: str
     first_token: str
     first_key: str
+    registered: dict[str, Any]
 
     def root(self) -> hvac.Client:
         return hvac.Client(url=self.vault.address, token=self.vault.root_token)
@@ -108,6 +113,7 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             registered["registration_client_uri"],
             registered["registration_access_token"],
             first_key,
+            registered,
         )
 
 
@@ -164,9 +170,8 @@ def _present(setup: Setup, token: str) -> httpx.Response:
 
 
 def test_a_key_rotated_twice_through_rfc7592_while_tokens_keep_working(setup: Setup) -> None:
-    handed = json.dumps(
-        {"private_key": setup.first_key, "registration_access_token": setup.first_token}
-    )
+    # The registration response brings the token and the metadata the first update sends back.
+    handed = json.dumps({"private_key": setup.first_key, "registration": setup.registered})
     imported = run_keyturn("import-signing-key", "-c", str(setup.config), KEY, stdin=handed)
     assert imported.returncode == 0, imported.stderr
     first_kid = setup.record(KEY)["key_id"]
@@ -200,6 +205,8 @@ def test_a_key_rotated_twice_through_rfc7592_while_tokens_keep_working(setup: Se
     # begin while the test looks.
     rows = status_rows(setup.config)
     log = daemon.log_text()
+    # Before the test presents any token itself.
+    presented = setup.op.registration_presentations(setup.client_id)
 
     assert len(kids) == 3, (kids, rows[KEY])
     reads = apps.snapshot(since=started)
@@ -213,6 +220,14 @@ def test_a_key_rotated_twice_through_rfc7592_while_tokens_keep_working(setup: Se
     assert rows[KEY]["details"] == {"registered": kids[-1]}
     # (Its token may have expired since the daemon stopped: its last run is what counts.)
     assert rows[APP]["last_error"] in (None, "") and rows[APP]["consecutive_failures"] == 0
+    # Each registration access token was presented at most once: updates only (two keys added,
+    # two removed), each sending back the metadata of the answer before, with no read.
+    assert {method for method, _ in presented} == {"PUT"} and len(presented) >= 4, presented
+    uses = Counter(digest for _, digest in presented)
+    assert max(uses.values()) == 1, uses
+    held = setup.registration()["metadata"]
+    assert "registration_access_token" not in held and "registration_client_uri" not in held
+    assert [key["kid"] for key in held["jwks"]["keys"]] == [kids[-1]]
     # The first registration access token was rotated away; the one keyturn keeps works, and
     # the server holds exactly the key in use.
     assert _present(setup, setup.first_token).status_code == 401

@@ -41,7 +41,11 @@ from keyturn.kinds.signing_key import (
     status_details,
 )
 from keyturn.kinds.signing_key.keys import SigningKey, generate, stored
-from keyturn.kinds.signing_key.registration import REGISTRATION_DROPPED_KEY, REGISTRATION_REFUSED
+from keyturn.kinds.signing_key.registration import (
+    NOT_SENT_BACK,
+    REGISTRATION_DROPPED_KEY,
+    REGISTRATION_REFUSED,
+)
 from keyturn.policy import BackoffPolicy
 from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE
 from keyturn.providers.client import ProviderClient
@@ -72,6 +76,7 @@ class Registration:
         self.token = "rat-0"
         self.issued = 0
         self.presented: list[str] = []
+        self.methods: list[str] = []
         self.refuse_all = False
         self.drop_old = False
         self.lose_next_answer = False
@@ -82,6 +87,7 @@ class Registration:
         assert str(request.url) == CLIENT_URI
         presented = request.headers["Authorization"].removeprefix("Bearer ")
         self.presented.append(presented)
+        self.methods.append(request.method)
         if self.refuse_all or presented not in {self.token, *self.admin_tokens}:
             return httpx.Response(401, json={"error": "invalid_token"})
         if request.method == "PUT":
@@ -330,17 +336,56 @@ async def test_a_refused_or_missing_admin_token_fails_the_run_without_stopping_i
     assert world.server.presented[-1] == "fresh"
 
 
-async def test_a_put_refused_for_its_metadata_names_the_field_and_keeps_the_key_in_use() -> None:
+async def test_an_update_sends_back_the_last_answer_with_no_read_first() -> None:
+    """The metadata of the server's last answer is kept in the record (without the token and
+    the fields not sent back): later updates PUT it back, with no GET before them."""
+    world = World()
+    job = world.job()
+    await world.run_until_idle(job)
+    assert world.server.methods == ["GET", "PUT"]  # a seeded token: nothing held to send back
+    held = record.read(await world.state(), "billing-key").metadata
+    assert held == world.server.metadata and held is not world.server.metadata
+    assert "private_key_jwt" not in repr(record.read(await world.state(), "billing-key"))
+    world.clock.advance(30 * DAY)
+    await job.run()  # adds the new key
+    world.clock.advance(DAY)
+    await job.run()  # removes the old one after the grace
+    assert (await world.state()).rotation.phase == "idle"
+    assert world.server.methods == ["GET", "PUT", "PUT", "PUT"]
+    assert len(world.server.presented) == len(set(world.server.presented))
+    stored = json.loads(_own(await world.state()))["metadata"]
+    assert stored == world.server.metadata and not set(NOT_SENT_BACK) & set(stored)
+
+
+def _own(state: CredentialState) -> str:
+    assert state.own.data is not None
+    return state.own.data.reveal()
+
+
+async def test_an_update_refused_for_its_metadata_reads_again_then_keeps_the_key_in_use() -> (
+    None
+):
     world = World()
     job = world.job()
     await world.run_until_idle(job)
     first = (await world.state()).rotation.key_id
-    # Someone changed the registration: keyturn sends back what it reads, so it still works...
+    # Changed at the server since its last answer: the metadata keyturn sends back is refused
+    # (HTTP 400, the token not rotated) and dropped; the next attempt reads it (GET) first.
     world.server.metadata["client_name"] = "billing"
     world.clock.advance(30 * DAY)
+    refused = await job.run()
+    assert refused.error is not None and "invalid_client_metadata" in str(refused.error)
+    assert "reads the registration again (GET) before its next attempt" in str(refused.error)
+    state = await world.state()
+    assert record.read(state, "billing-key").metadata is None and state.rotation.key_id == first
+    token = world.server.presented[-1]
+    world.clock.advance(3600)
     await job.run()
+    assert world.server.methods[2:5] == ["PUT", "GET", "PUT"]
+    # The read presented the token the refused update left valid; it worked.
+    assert world.server.presented[3] == token
     assert (await world.state()).rotation.key_id != first
-    # ...but a server that refuses what is sent back leaves the key in use alone.
+    # A server that refuses what is sent back, read or not, leaves the key in use alone.
     world.clock.advance(DAY)
     await job.run()
     current = (await world.state()).rotation.key_id
@@ -349,16 +394,22 @@ async def test_a_put_refused_for_its_metadata_names_the_field_and_keeps_the_key_
     def refusing(request: httpx.Request) -> httpx.Response:
         if request.method == "PUT":
             world.server.presented.append(request.headers["Authorization"][7:])
+            world.server.methods.append("PUT")
             return httpx.Response(400, json={"error": "invalid_client_metadata"})
         return real(request)
 
     world.server.handler = refusing  # type: ignore[method-assign]
     world.clock.advance(30 * DAY)
-    outcome = await job.run()
+    seen = len(world.server.methods)
+    for _ in range(2):  # the held metadata refused, then what was read again refused too
+        outcome = await job.run()
+        world.clock.advance(3600)
+    assert world.server.methods[seen:] == ["PUT", "GET", "PUT"]
     assert outcome.error is not None
     assert "registration (PUT" in str(outcome.error) and "invalid_client_metadata" in str(
         outcome.error
     )
+    assert "see the server's logs for the field it refuses" in str(outcome.error)
     state = await world.state()
     assert state.rotation.key_id == current and state.rotation.phase == "pending"
     published = await world.store.read(PUBLISHED)
@@ -598,11 +649,11 @@ async def test_an_imported_key_pair_and_token_are_adopted_through_the_journal() 
     world.server.metadata["jwks"] = {"keys": [key.public_jwk()]}
     world.server.token = "rat-by-hand"
     job = world.job()
-    handed, token = parse(
+    handed, token, registration = parse(
         json.dumps({"private_key": key.pem.reveal(), "registration_access_token": "rat-by-hand"}),
         world.credential(),
     )
-    assert token is not None
+    assert token is not None and registration is None
     rotation = job.task("rotation")
     assert isinstance(rotation, KeyRotation)
 
@@ -616,6 +667,67 @@ async def test_an_imported_key_pair_and_token_are_adopted_through_the_journal() 
     assert world.server.kids() == [key.kid] and world.server.presented[0] == "rat-by-hand"
     published = await world.store.read(PUBLISHED)
     assert published is not None and published.data["kid"] == key.kid
+
+
+async def test_an_import_with_the_registration_response_needs_no_read_before_its_update() -> (
+    None
+):
+    """The RFC 7591 registration response handed over: its token is kept, its metadata is what
+    the first update sends back; the key it holds is found registered with no request."""
+    world = World()
+    key = generate("billing-key", "ES256")
+    world.server.metadata["jwks"] = {"keys": [key.public_jwk()]}
+    world.server.token = "rat-by-hand"
+    response = {
+        **world.server.metadata,
+        "registration_access_token": "rat-by-hand",
+        "registration_client_uri": CLIENT_URI,
+        "client_id_issued_at": 1_800_000_000,
+    }
+    job = world.job()
+    handed, token, registration = parse(
+        json.dumps({"private_key": key.pem.reveal(), "registration": response}), world.credential()
+    )
+    assert token is not None and token.reveal() == "rat-by-hand" and registration == response
+    rotation = job.task("rotation")
+    assert isinstance(rotation, KeyRotation)
+
+    def hand_over(journal: Journal) -> None:
+        journal.stage(accept(journal.state, "billing-key", token, registration))
+        rotation.accept_key(journal, stored(handed), handed.kid)
+
+    await job.run(force={"rotation"}, prepare=hand_over)
+    state = await world.state()
+    assert state.rotation.key_id == key.kid and state.rotation.phase == "idle"
+    assert world.server.presented == []  # found registered in what was handed over
+    held = record.read(state, "billing-key")
+    assert held.metadata == world.server.metadata and held.registered == (key.kid,)
+    world.clock.advance(30 * DAY)
+    await job.run()
+    assert world.server.methods == ["PUT"] and world.server.presented == ["rat-by-hand"]
+    assert world.server.kids() == [key.kid, (await world.state()).rotation.key_id]
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "words"),
+    [
+        ({"registration": ["not", "an", "object"]}, "registration", "RFC 7591"),
+        ({"registration": {"client_id": "billing"}}, "registration", "without a registration"),
+        (
+            {"registration_access_token": "a", "registration": {"registration_access_token": "b"}},
+            "registration_access_token",
+            "differs from registration.registration_access_token",
+        ),
+    ],
+)
+def test_an_import_refuses_a_registration_response_it_cannot_use_naming_the_field(
+    given: dict[str, object], field: str, words: str
+) -> None:
+    pem = generate("billing-key", "ES256").pem.reveal()
+    with pytest.raises(KeyMaterialError) as raised:
+        parse(json.dumps({"private_key": pem, **given}), World().credential())
+    assert raised.value.field == field and words in str(raised.value)
+    assert '"b"' not in str(raised.value) and "'b'" not in str(raised.value)
 
 
 class Registry:

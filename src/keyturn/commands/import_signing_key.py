@@ -2,9 +2,12 @@
 existing key pair and its RFC 7592 registration access token, or only a new token.
 
 Read from standard input, never from argv: a JSON object `{"private_key": "<PEM>",
-"registration_access_token": "…", "kid": "…"}` (`kid` optional: the id the server knows the
-key by, else its RFC 7638 thumbprint; the token optional for `registration.method = "jwks"`),
-or with `--access-token-only` the token alone, as one line. Both are stored privately first;
+"registration_access_token": "…", "kid": "…", "registration": {…}}` (`kid` optional: the id the
+server knows the key by, else its RFC 7638 thumbprint; the token optional for
+`registration.method = "jwks"`; `registration` optional: the RFC 7591 registration response,
+whose metadata the first update sends back with no read first, and whose
+`registration_access_token` is the token if the field is not given), or with
+`--access-token-only` the token alone, as one line. Both are stored privately first;
 then the rotation goes on as usual (the key registered if the server lacks it, proven by a token
 request signed with it, published, and a key keyturn held before retired after the grace).
 A key of the wrong type for `algorithm`, or an RSA key under 2048 bits, is refused, naming
@@ -17,6 +20,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from keyturn.commands import load_or_report
 from keyturn.commands.import_key import MAX_KEY_BYTES, read_key
@@ -35,7 +39,8 @@ from keyturn.secret import Secret
 COMMAND = "import-signing-key"
 EXPECTED = (
     'expected a JSON object on standard input: {"private_key": "<PEM>", '
-    '"registration_access_token": "…", "kid": "…"} (kid and the token optional), '
+    '"registration_access_token": "…", "kid": "…", "registration": {…}} (all but '
+    "private_key optional; registration: the RFC 7591 registration response), "
     f"at most {MAX_KEY_BYTES} bytes"
 )
 
@@ -49,8 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse(text: str, credential: SigningKeyCredential) -> tuple[SigningKey, Secret | None]:
-    """The key pair and token of the JSON handed over; KeyMaterialError naming the field."""
+def parse(
+    text: str, credential: SigningKeyCredential
+) -> tuple[SigningKey, Secret | None, dict[str, Any] | None]:
+    """The key pair, token and registration response of the JSON handed over;
+    KeyMaterialError naming the field."""
     try:
         given = json.loads(text)
     except ValueError:
@@ -58,6 +66,29 @@ def parse(text: str, credential: SigningKeyCredential) -> tuple[SigningKey, Secr
     if not isinstance(given, dict) or not isinstance(given.get("private_key"), str):
         raise KeyMaterialError(EXPECTED, field="private_key", credential=credential.name)
     token, kid = given.get("registration_access_token"), given.get("kid")
+    registration = given.get("registration")
+    if registration is not None:
+        if not isinstance(registration, dict):
+            raise KeyMaterialError(
+                "is not a JSON object (expected the RFC 7591 registration response)",
+                field="registration",
+                credential=credential.name,
+            )
+        issued = registration.get("registration_access_token")
+        if token is None:
+            token = issued
+        elif issued is not None and issued != token:
+            raise KeyMaterialError(
+                "differs from registration.registration_access_token (give one, or the same)",
+                field="registration_access_token",
+                credential=credential.name,
+            )
+        if token is None:
+            raise KeyMaterialError(
+                "is given without a registration access token (registration_access_token)",
+                field="registration",
+                credential=credential.name,
+            )
     if token is not None and (not isinstance(token, str) or not token):
         raise KeyMaterialError(
             "is not a non-empty string",
@@ -69,7 +100,7 @@ def parse(text: str, credential: SigningKeyCredential) -> tuple[SigningKey, Secr
     key = load_signing_key(
         credential.name, Secret(given["private_key"]), alg=credential.algorithm, kid=kid
     )
-    return key, Secret(token) if token else None
+    return key, Secret(token) if token else None, registration
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     harden_process()  # before any secret is read: keyturn.hardening
     key: SigningKey | None = None
+    registration: dict[str, Any] | None = None
     if args.access_token_only:
         token = read_key()
         if token is None:
@@ -96,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             if len(text) > MAX_KEY_BYTES:
                 raise KeyMaterialError(EXPECTED, field="private_key", credential=args.name)
-            key, token = parse(text, credential)
+            key, token, registration = parse(text, credential)
         except KeyturnError as error:
             print(f"keyturn {COMMAND}: {error}", file=sys.stderr)
             return 1
@@ -108,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
         def take(journal: Journal) -> None:
             if token is not None:  # stored first: it may be the only one the server honours
-                journal.stage(accept(journal.state, args.name, token))
+                journal.stage(accept(journal.state, args.name, token, registration))
             if key is not None:
                 rotation.accept_key(journal, stored(key), key.kid)
 

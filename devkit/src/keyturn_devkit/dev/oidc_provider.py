@@ -236,6 +236,15 @@ class OidcProvider(ManagedServer):
             answer.raise_for_status()
             return dict(answer.json())
 
+    def registration_presentations(self, client_id: str) -> list[tuple[str, str]]:
+        """Each request to `client_id`'s registration URI (RFC 7592) so far, in order: its
+        method and the sha256 of the registration access token it presented."""
+        with self.client() as http:
+            answer = http.get("/__dev/registration-presentations")
+            answer.raise_for_status()
+        path = f"/reg/{client_id}"
+        return [(seen["method"], seen["sha256"]) for seen in answer.json() if seen["path"] == path]
+
     def seed_refresh_token(self, client_id: str, resource: str | None = None) -> str:
         """A refresh token for `client_id`, as an authorization-code flow with a consenting
         person would have given one."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from keyturn.clock import rfc3339
 from keyturn.config import CredentialConfig
@@ -42,6 +42,8 @@ from keyturn.kinds.signing_key.registration import (
     Registrar,
     Rfc7592,
     ThroughRotator,
+    registered_kids,
+    sendable,
 )
 from keyturn.layout import custom_metadata
 from keyturn.providers.client import ProviderClient
@@ -378,12 +380,21 @@ def status_details(state: CredentialState, credential: str) -> Mapping[str, str]
     return details
 
 
-def accept(state: CredentialState, credential: str, access_token: Secret) -> CredentialState:
-    """`keyturn import-signing-key`'s registration access token: kept, and usable again."""
+def accept(
+    state: CredentialState,
+    credential: str,
+    access_token: Secret,
+    registration: dict[str, Any] | None = None,
+) -> CredentialState:
+    """`keyturn import-signing-key`'s registration access token: kept, and usable again. With
+    the RFC 7591 registration response it came in, its metadata is what the first update sends
+    back (no read first); without, the metadata held is dropped and read again."""
     held = record.read(state, credential)
-    return record.write(
-        state, replace(held, access_token=access_token, in_flight=None, stopped=None)
-    )
+    metadata = sendable(registration) if registration is not None else None
+    kept = replace(held, access_token=access_token, in_flight=None, stopped=None, metadata=metadata)
+    if registration is not None:
+        kept = replace(kept, registered=registered_kids(registration, credential))
+    return record.write(state, kept)
 
 
 PROVE: Prover = prove_with_assertion

@@ -1,11 +1,13 @@
 """What a signing key keeps of its own in its private record (`CredentialState.own`): the
-RFC 7592 registration access token and what keeps it presented at most once, the key ids the
-server holds, and a client secret the server issued on an update."""
+RFC 7592 registration access token and what keeps it presented at most once, the client
+metadata of the server's last answer (what an update sends back, so that it needs no read
+first), the key ids the server holds, and a client secret the server issued on an update."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from keyturn.errors import VaultDataError
 from keyturn.secret import Secret
@@ -33,6 +35,11 @@ class Registration:
     # A JWKS document holds the pending key since a time: it signs from this time on, when a
     # server that cached the document before has fetched it again.
     signs_after: float | None = None
+    # The client metadata of the server's last successful RFC 7592 answer (or of the RFC 7591
+    # registration response handed over), without the fields not sent back and the token: what
+    # an update PUTs back with `jwks` changed. None: the next update reads it first.
+    # (It may hold the client's `client_secret`: never in a repr.)
+    metadata: dict[str, Any] | None = field(default=None, repr=False)
 
     def with_(self, **changes: object) -> Registration:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -58,14 +65,17 @@ def read(state: CredentialState, credential: str) -> Registration:
             "provider_ids": tuple(
                 (str(kid), str(key_id)) for kid, key_id in stored.get("provider_ids", {}).items()
             ),
+            "metadata": stored.get("metadata"),
         }
         for name, value in values.items():
-            if name in ("registered", "signs_after", "provider_ids") or value is None:
+            if name in ("registered", "signs_after", "provider_ids", "metadata") or value is None:
                 continue
             if not isinstance(value, str):
                 raise TypeError(name)
         if values["signs_after"] is not None and not isinstance(values["signs_after"], float | int):
             raise TypeError("signs_after")
+        if values["metadata"] is not None and not isinstance(values["metadata"], dict):
+            raise TypeError("metadata")
         if not all(isinstance(kid, str) for kid in values["registered"]):
             raise TypeError("registered")
     except (ValueError, TypeError, AttributeError):

@@ -1,10 +1,16 @@
 """How a signing key's public half reaches the server, and leaves it after the grace period.
 
-`Rfc7592`: a `GET` of the client's metadata at `client_uri`, then a `PUT` of exactly what was
-read with `jwks` changed, each authorised by the registration access token keyturn keeps in
-its private record. A token is marked in flight before it is presented; a new one in the answer
-is stored before anything else is done; a refused one, or one whose answer was lost, stops
-every later request until a person hands over a new one (`keyturn import-signing-key`).
+`Rfc7592`: a `PUT` to `client_uri` of the client metadata of the server's last answer (kept in
+the private record) with `jwks` changed, authorised by the registration access token keyturn
+keeps there. It reads the metadata (`GET`) only when it holds none: on the first update after a
+token was handed over without the registration response, or after the server refused an update
+(HTTP 400). A server that rotates the token on updates only (oidc-provider) thus sees each
+token in one update; the read after a refused update presents a token the refusal left valid
+(a refused update rotates nothing). A token is marked in flight before it is presented; a new
+one in the answer is stored before anything else is done; a refused one, or one whose answer
+was lost, stops every later request until a person hands over a new one (`keyturn
+import-signing-key`). With `registration.auth` (another credential's token) every update reads
+the metadata first: an admin may have changed it, and no token is spent.
 
 `JwksDocument`: the JWKS document a server fetches as the client's `jwks_uri`, written to a
 Vault path and/or a file on keyturn's host.
@@ -115,7 +121,7 @@ class Rfc7592:
     async def add(
         self, journal: Journal, new: PublicKey, current: PublicKey | None
     ) -> tuple[str, ...]:
-        metadata = await self._read(journal)
+        metadata = await self._metadata(journal)
         keys = _keys_of(metadata, self._credential)
         if any(key.get("kid") == new["kid"] for key in keys):
             return _kids(keys)  # registered before a crash
@@ -144,7 +150,7 @@ class Rfc7592:
     async def remove(
         self, journal: Journal, kid: str, current: PublicKey | None
     ) -> tuple[str, ...]:
-        metadata = await self._read(journal)
+        metadata = await self._metadata(journal)
         keys = _keys_of(metadata, self._credential)
         if kid not in _kids(keys):
             return _kids(keys)
@@ -160,14 +166,20 @@ class Rfc7592:
 
     # -- the wire --------------------------------------------------------------------------
 
-    async def _read(self, journal: Journal) -> dict[str, Any]:
+    async def _metadata(self, journal: Journal) -> dict[str, Any]:
+        """The client's metadata: that of the server's last answer if keyturn holds it (no
+        request: the update that follows is the token's only presentation), else read."""
+        if self._auth is None:
+            held = record.read(journal.state, self._credential).metadata
+            if held is not None:
+                return held
         return await self._exchange(journal, "GET", None)
 
     async def _update(
         self, journal: Journal, metadata: dict[str, Any], keys: Sequence[PublicKey]
     ) -> dict[str, Any]:
-        """PUT back what was read, with `jwks` holding `keys`."""
-        body = {k: v for k, v in metadata.items() if k not in NOT_SENT_BACK}
+        """PUT back what the server last returned, with `jwks` holding `keys`."""
+        body = sendable(metadata)
         body["jwks"] = {"keys": list(keys)}
         _single_values_as_strings(body)
         return await self._exchange(journal, "PUT", body)
@@ -228,7 +240,9 @@ class Rfc7592:
                         client_secret=Secret(issued)
                         if isinstance(issued, str) and issued and issued != sent and method == "PUT"
                         else held.client_secret,
-                        registered=_kids(_keys_of(document, self._credential, strict=False)),
+                        registered=registered_kids(document, self._credential),
+                        # With `auth`, every update reads first (an admin may change it).
+                        metadata=sendable(document) if self._auth is None else None,
                     ),
                 )
             )
@@ -242,7 +256,10 @@ class Rfc7592:
             )
         if status in (401, 403):
             await self._stop(journal, held, "refused")
-        await journal.save(record.write(journal.state, held.with_(in_flight=None)))
+        # A refused update rotated nothing: the next attempt reads with the same token.
+        reread = method == "PUT" and status == 400 and self._auth is None
+        forget = {"metadata": None} if reread else {}
+        await journal.save(record.write(journal.state, held.with_(in_flight=None, **forget)))
         raise_if_transient(
             status, answer_headers, now=self._now(), where=where, credential=self._credential
         )
@@ -254,9 +271,15 @@ class Rfc7592:
             )
         code = error_code(content)
         detail = f" ({code})" if code else ""
+        sent_back = (
+            "what the server last returned; keyturn reads the registration again (GET) before "
+            "its next attempt, and if that update is refused too,"
+            if reread
+            else "what the server returned, so"
+        )
         raise RotationError(
-            f"{where}: refused with HTTP {status}{detail}; the metadata sent back is what the "
-            "server returned, so see the server's logs for the field it refuses",
+            f"{where}: refused with HTTP {status}{detail}; the metadata sent back is "
+            f"{sent_back} see the server's logs for the field it refuses",
             credential=self._credential,
         )
 
@@ -297,7 +320,8 @@ class Rfc7592:
             f"initial registration of the client) and hand it over with `keyturn "
             f"import-signing-key {self._credential}`"
         )
-        stopped = held.with_(access_token=None, in_flight=None, stopped=action)
+        # The metadata too: a new token may come with a new registration; it is read again.
+        stopped = held.with_(access_token=None, in_flight=None, stopped=action, metadata=None)
         await journal.save(record.write(journal.state, stopped))
         self._observer(
             Suspicious(self._credential, self._provider, REGISTRATION_REFUSED, "critical", action)
@@ -389,6 +413,17 @@ def _json(content: bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return document if isinstance(document, dict) else None
+
+
+def sendable(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The client metadata an update may send back (RFC 7592 §2.2: without the token, the
+    client URI and the server's timestamps)."""
+    return {k: v for k, v in metadata.items() if k not in NOT_SENT_BACK}
+
+
+def registered_kids(metadata: dict[str, Any], credential: str) -> tuple[str, ...]:
+    """The key ids a client's metadata holds (none if it has no readable `jwks`)."""
+    return _kids(_keys_of(metadata, credential, strict=False))
 
 
 def _keys_of(metadata: dict[str, Any], credential: str, *, strict: bool = True) -> list[PublicKey]:
