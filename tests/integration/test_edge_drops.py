@@ -11,7 +11,9 @@ minute and a half runs beside the other modules.
 
 from __future__ import annotations
 
+import itertools
 import time
+from datetime import datetime
 
 import pytest
 
@@ -24,6 +26,20 @@ NAMES = ["drop-a", "drop-b", "drop-c"]
 LIFETIME = 30
 FAULTS_FOR = 90.0
 LONGEST_EXPIRED = 10.0
+# keyturn's retry cadence once a token has expired (backoff.after_expiry, drawn within ±20 %),
+# and room for a busy machine between an attempt and the next read of the sampler.
+AFTER_EXPIRY = 5.0 * 1.2
+SLACK = 2.0
+
+
+def asked_all_along(start: float, seconds: float, failed_at: list[float]) -> bool:
+    """Whether keyturn asked for a token at least every after_expiry throughout an expired
+    stretch, every one of those requests dropped by the service: with one request in two
+    dropped, a stretch outlasts LONGEST_EXPIRED about once in a hundred runs by the dice
+    alone (a dozen drops in a row), and the promise is keyturn's cadence, not the dice."""
+    end = start + seconds
+    asked = sorted(at for at in failed_at if start <= at <= end)
+    return all(b - a <= AFTER_EXPIRY + SLACK for a, b in itertools.pairwise([start, *asked, end]))
 
 
 def expired_stretches(reads: list[AppRead]) -> list[tuple[float, float]]:
@@ -72,16 +88,37 @@ def test_half_the_connections_dropped_never_leaves_a_credential_expired_for_long
     findings.measure("apps", sampler.summary())
     unverified = scene.named("credential.published_unverified")
     findings.measure("published unverified", len(unverified))
+    failures = scene.named("credential.failed")
+    dice = 0  # stretches longer than LONGEST_EXPIRED while keyturn asked all along
     for name in NAMES:
         stretches = expired_stretches(sampler.snapshot(name))
-        longest = max((seconds for _at, seconds in stretches), default=0.0)
         findings.measure(f"{name}: expired stretches", [round(s, 1) for _a, s in stretches])
-        findings.check(
-            longest <= LONGEST_EXPIRED,
-            f"{name} stayed expired for {longest:.1f}s (at most {LONGEST_EXPIRED:g}s allowed)",
-        )
+        failed_at = [
+            datetime.fromisoformat(e["timestamp"]).timestamp()
+            for e in failures
+            if e.get("credential") == name
+        ]
+        excused = []
+        for start, seconds in stretches:
+            if seconds <= LONGEST_EXPIRED:
+                continue
+            asked = asked_all_along(start, seconds, failed_at)
+            findings.check(
+                asked,
+                f"{name} stayed expired for {seconds:.1f}s (at most {LONGEST_EXPIRED:g}s "
+                f"allowed), and did not ask for a token every {AFTER_EXPIRY:g}s meanwhile",
+            )
+            if asked:
+                dice += 1
+                excused.append((start, start + seconds))
         after = [r for r in sampler.snapshot(name, since=cleared + 10.0) if r.expired]
         findings.check(after == [], f"{name}: expired reads after the faults cleared")
-        refused = [r for r in sampler.snapshot(name) if r.status in (401, 403)]
+        refused = [
+            r
+            for r in sampler.snapshot(name)
+            if r.status in (401, 403) and not any(a <= r.at <= b for a, b in excused)
+        ]
         findings.check(refused == [], f"{name}: the service refused a published token: {refused}")
+    findings.measure("stretches over the limit with every request dropped (the dice)", dice)
+    findings.check(dice <= 1, f"{dice} stretches over {LONGEST_EXPIRED:g}s: more than the dice")
     findings.done()
