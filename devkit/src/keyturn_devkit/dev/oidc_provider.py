@@ -236,6 +236,17 @@ class OidcProvider(ManagedServer):
             answer.raise_for_status()
             return dict(answer.json())
 
+    def client_assertions(self) -> list[dict[str, Any]]:
+        """Every client assertion the token endpoint judged, in order, as the server logged it:
+        {"outcome": "accepted" | "refused", "client", "kid", "at" (ms since the epoch)}. Read
+        once, after the fact (the log is not polled)."""
+        prefix = "client_assertion: "
+        return [
+            json.loads(line[len(prefix) :])
+            for line in self.log_path.read_text().splitlines()
+            if line.startswith(prefix)
+        ]
+
     def seed_refresh_token(self, client_id: str, resource: str | None = None) -> str:
         """A refresh token for `client_id`, as an authorization-code flow with a consenting
         person would have given one."""
