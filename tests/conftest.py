@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "integration/test_faults.py",  # 238
     "integration/test_detectors.py",  # 232
     "integration/test_signing_key.py",  # 94-182 (oidc-provider; eight SIGKILLs)
+    "integration/test_signing_key_jwks.py",  # 144-153 (oidc-provider keeps a jwks_uri 60 s; asleep)
     "integration/test_daemon.py",  # 133
     "integration/test_edge_drops.py",  # 110 (one test)
     "integration/test_rotation_crash.py",  # 110

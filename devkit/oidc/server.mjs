@@ -136,6 +136,19 @@ for (const event of ['grant.error', 'server_error', 'revocation.error', 'registr
     console.error(`${event}: ${error.error || error.name}: ${error.error_detail || error.error_description || error.message}${cause}`);
   });
 }
+// Which key signed each client assertion the token endpoint judged, and when (ms since the
+// epoch), one JSON line each: a test compares it with what the client's jwks_uri served
+// (keyturn_devkit.dev.oidc_provider.OidcProvider.client_assertions).
+for (const [event, outcome] of [['grant.success', 'accepted'], ['grant.error', 'refused']]) {
+  provider.on(event, (ctx) => {
+    const assertion = ctx.oidc?.params?.client_assertion;
+    if (!assertion) return;
+    let kid;
+    try { ({ kid } = jose.decodeProtectedHeader(assertion)); } catch { kid = null; }
+    const client = ctx.oidc.client?.clientId ?? ctx.oidc.params.client_id ?? null;
+    console.error(`client_assertion: ${JSON.stringify({ outcome, client, kid, at: Date.now() })}`);
+  });
+}
 
 // A refresh token for a client, as if a person had consented: the tests' stand-in for an
 // authorization-code flow (POST /__dev/refresh-token {client_id, scope, resource}).

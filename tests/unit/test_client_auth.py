@@ -17,9 +17,11 @@ from keyturn.clock import FakeClock
 from keyturn.commands.check import _check_references, vault_references
 from keyturn.config import ProviderConfig, parse_config
 from keyturn.errors import ConfigError, OAuthError
+from keyturn.jobs.build import CredentialInputs
 from keyturn.providers.assertions import CLIENT_ASSERTION_TYPE, JWT_BEARER_GRANT
 from keyturn.providers.client import ProviderClient
-from keyturn.providers.client_auth import BearerClaims, keyless_client
+from keyturn.providers.client_auth import BearerClaims, ClientKey, keyless_client
+from keyturn.references import ReferenceResolver
 from keyturn.secret import Secret
 from keyturn.testing.vault import FakeVaultStore
 from keyturn_devkit.dev.client_keys import private_key_pem, self_signed_certificate
@@ -284,3 +286,24 @@ async def test_keyturn_check_resolves_the_key_and_certificate_references() -> No
     assert any(p.startswith("credentials['ledger'].client_certificate: ") for p in problems)
     # The certificate's Vault reference is among those whose read capability is checked.
     assert any(key.endswith("client_certificate") for key, _ in vault_references(config))
+
+
+@pytest.mark.parametrize("rotated_key", [True, False])
+async def test_a_key_another_credential_rotates_is_read_at_each_request(rotated_key: bool) -> None:
+    """A server that fetches the client's jwks_uri may accept the old key long after it left
+    the document, so no refusal says it changed: such a key is read again each time."""
+    config = parse_config(
+        credential(client_auth="private_key_jwt", client_key="env:K", client_key_alg="ES256"),
+        "k.toml",
+        {},
+    )
+    environ = {"K": KEY}
+    inputs = CredentialInputs(
+        config.credentials[0], ReferenceResolver(environ), FakeClock(NOW), rotated_key=rotated_key
+    )
+    _, before = await inputs.client()
+    environ["K"] = private_key_pem("ES256")
+    _, after = await inputs.client()
+    assert isinstance(before, ClientKey) and isinstance(after, ClientKey)
+    assert before.signing_key is not None and after.signing_key is not None
+    assert (after.signing_key.kid != before.signing_key.kid) is rotated_key

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import httpx
@@ -320,9 +320,7 @@ async def test_a_refused_or_missing_admin_token_fails_the_run_without_stopping_i
     job = world.job(registration)
     missing = await job.run()
     assert missing.error is not None and world.server.presented == []
-    assert "registration.auth: credential:kc-admin: no published token to use" in str(
-        missing.error
-    )
+    assert "registration.auth: credential:kc-admin: no published token to use" in str(missing.error)
     await world.store.write("apps/kc-admin/kc", {"access_token": "stale"}, cas=None)
     world.clock.advance(3600)
     refused = await job.run()
@@ -536,6 +534,45 @@ async def test_a_jwks_document_holds_the_new_key_before_it_signs_and_drops_the_o
     await job.run()
     assert [k["kid"] for k in json.loads(document.read_text())["keys"]] == [second]
     assert [kid for _, kid, _ in proofs] == [first, second]
+
+
+async def test_a_new_key_signs_server_cache_after_the_write_that_published_it_ended() -> None:
+    """A server's fetch may read the old document until the write completes (a Vault write
+    that took 5 s here): the wait counts from its end, not from when it began."""
+    world = World()
+    took = 5.0
+
+    class SlowVault(FakeVaultStore):
+        async def write(
+            self,
+            path: str,
+            data: Mapping[str, str | Secret],
+            *,
+            cas: int | None,
+            custom_metadata: Mapping[str, str] | None = None,
+        ) -> int:
+            if path == "apps/billing/jwks":
+                world.clock.advance(took)
+            return await super().write(path, data, cas=cas, custom_metadata=custom_metadata)
+
+    proofs: list[float] = []
+
+    async def accept(credential: object, client: object, client_id: str, key: SigningKey) -> None:
+        proofs.append(world.clock.time())
+
+    world.prove = accept  # type: ignore[method-assign]
+    world.store = SlowVault(clock=world.clock)
+    job = world.job(JwksRegistration(publish_to="apps/billing/jwks", server_cache=60.0))
+    began = world.clock.time()
+    outcome = await job.run()
+    assert outcome.action == "waiting" and outcome.error is None
+    assert outcome.next_due == began + took + 60.0
+    world.clock.advance(began + 60.0 - world.clock.time())  # 60 s after it began: not yet
+    await job.run()
+    assert (await world.state()).rotation.key is None and proofs == []
+    world.clock.advance(took)
+    await job.run()
+    assert proofs == [began + took + 60.0]
 
 
 async def test_a_failed_jwks_publication_keeps_the_key_in_use(tmp_path: Path) -> None:

@@ -31,6 +31,12 @@ class CredentialInputs:
     `fresh=True` re-reads them, which the refresh does on invalid_client in case the secret was
     changed at its source. The starting refresh token and the initial key are read each time
     they are asked for (rarely).
+
+    `rotated_key`: the client key is one another credential of this configuration rotates (a
+    `signing_key`'s published `private_key`), read at each request: a server that fetches the
+    client's `jwks_uri` goes on accepting the old key after it left the document
+    (panva/oidc-provider does until an assertion fails against its copy), so no refusal would
+    say that it changed.
     """
 
     def __init__(
@@ -38,14 +44,17 @@ class CredentialInputs:
         credential: CredentialConfig,
         resolver: ReferenceResolver,
         clock: Clock | None = None,
+        *,
+        rotated_key: bool = False,
     ) -> None:
         self._credential = credential
         self._resolver = resolver
         self._clock = clock or SystemClock()
         self._client: tuple[str, ClientSecret] | None = None
+        self._rotated_key = rotated_key and credential.keyless
 
     async def client(self, *, fresh: bool = False) -> tuple[str, ClientSecret]:
-        if fresh or self._client is None:
+        if fresh or self._client is None or self._rotated_key:
             credential = self._credential
             if credential.client_id is not None and credential.keyless:
                 self._client = await resolve_keyless(

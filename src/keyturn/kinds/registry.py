@@ -68,9 +68,7 @@ def build_job(
     return kind_of(credential).job(credential, client, rotator, inputs, deps)
 
 
-def _rotator_of(
-    credential: CredentialConfig, rotators: Mapping[str, Rotator]
-) -> Rotator | None:
+def _rotator_of(credential: CredentialConfig, rotators: Mapping[str, Rotator]) -> Rotator | None:
     """The rotator a credential's rotation names (a signing key's names none: keyturn makes
     its keys)."""
     named = credential.rotation.rotator if credential.rotation is not None else None
@@ -108,12 +106,15 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
             )
         # Its credentials' `credential:NAME` read where this configuration publishes NAME.
         deps = dataclasses.replace(deps, published_at=lambda name: published_value(config, name))
+        # A client key another credential here publishes is read at each request.
+        published = {published_value(config, c.name) for c in config.credentials}
         for credential in config.credentials:
+            rotated_key = credential.client_key is not None and credential.client_key in published
             built.jobs[credential.name] = build_job(
                 credential,
                 built.clients[credential.provider],
                 _rotator_of(credential, built.rotators),
-                CredentialInputs(credential, resolver, deps.clock),
+                CredentialInputs(credential, resolver, deps.clock, rotated_key=rotated_key),
                 deps,
             )
     except BaseException:

@@ -245,6 +245,17 @@ class OidcProvider(ManagedServer):
         path = f"/reg/{client_id}"
         return [(seen["method"], seen["sha256"]) for seen in answer.json() if seen["path"] == path]
 
+    def client_assertions(self) -> list[dict[str, Any]]:
+        """Every client assertion the token endpoint judged, in order, as the server logged it:
+        {"outcome": "accepted" | "refused", "client", "kid", "at" (ms since the epoch)}. Read
+        once, after the fact (the log is not polled)."""
+        prefix = "client_assertion: "
+        return [
+            json.loads(line[len(prefix) :])
+            for line in self.log_path.read_text().splitlines()
+            if line.startswith(prefix)
+        ]
+
     def seed_refresh_token(self, client_id: str, resource: str | None = None) -> str:
         """A refresh token for `client_id`, as an authorization-code flow with a consenting
         person would have given one."""

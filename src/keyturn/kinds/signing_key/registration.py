@@ -20,6 +20,7 @@ Vault path and/or a file on keyturn's host.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -359,12 +360,16 @@ class JwksDocument:
     async def add(
         self, journal: Journal, new: PublicKey, current: PublicKey | None
     ) -> tuple[str, ...]:
-        """The new key joins the document; it signs `server_cache` after it first did."""
+        """The new key joins the document; it signs `server_cache` after the write that
+        first held it completed (a server's fetch may read the old document until then)."""
         held = record.read(journal.state, self._credential)
-        if new["kid"] not in held.registered or held.signs_after is None:
+        joins = new["kid"] not in held.registered or held.signs_after is None
+        kids = await self._publish(journal, [key for key in (current, new) if key is not None])
+        if joins:
+            held = record.read(journal.state, self._credential)
             signs_after = self._now() + self._config.server_cache
             journal.stage(record.write(journal.state, held.with_(signs_after=signs_after)))
-        return await self._publish(journal, [key for key in (current, new) if key is not None])
+        return kids
 
     async def remove(
         self, journal: Journal, kid: str, current: PublicKey | None
@@ -386,7 +391,9 @@ class JwksDocument:
                     custom_metadata=custom_metadata(self._credential, self._instance_id),
                 )
         if self._config.file is not None:
-            failed = self._write(self._config.file, document.encode(), 0o644)
+            failed = await asyncio.to_thread(
+                self._write, self._config.file, document.encode(), 0o644
+            )
             if failed is not None:
                 raise RotationError(
                     f"registration.file: the JWKS document could not be written ({failed})",
