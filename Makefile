@@ -45,7 +45,7 @@ test:
 	@# Bytecode for our own packages, once: editable installs get none, and every keyturn
 	@# process the tests start would compile them again where PYTHONDONTWRITEBYTECODE is set.
 	$(BIN)/python -m compileall -q -j 0 src devkit/src clients/python/src
-	$(BIN)/pytest -n 4 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n 5 --dist loadfile --no-loadscope-reorder
 	@cat build/image/report.txt
 
 # keyturn's image: deploy/Dockerfile built by buildah from nothing (scripts/build-image.sh), then

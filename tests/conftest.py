@@ -20,7 +20,7 @@ import pytest
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.dev.sandbox import SandboxProcess
 
-# The modules that take longest (seconds on a clean clone, four workers), started first. With
+# The modules that take longest (seconds on a clean clone, 4-5 workers), started first. With
 # `--dist loadfile` a worker takes one module at a time and xdist otherwise starts the modules
 # with the most tests first: the unit modules, leaving a two-minute scenario to start last and
 # end the run alone. Measured with `pytest --durations=0`; a module missing here only starts

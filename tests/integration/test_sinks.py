@@ -265,8 +265,12 @@ def test_an_app_reading_the_sink_file_is_served_across_refreshes(
     for token in app.tokens:
         assert token not in log
         assert token not in given
+    # Two sinks, four versions at least: each sink writes in its own task, so the raw one may
+    # still be writing the version the app just read from the json one.
+    wait_for(
+        lambda: sink_writes(process).get("written", 0) >= 2 * 4, 10, "each sink wrote 4 versions"
+    )
     counted = sink_writes(process)
-    assert counted.get("written", 0) >= 2 * 4  # two sinks, four versions at least
     assert set(counted) == {"written"}, counted
     # SIGTERM: the sinks' tasks stop with the daemon, which exits cleanly.
     assert process.stop() == 0
