@@ -10,12 +10,14 @@ STAMP := $(VENV)/.installed
 
 # keyturn (the daemon, with the test tools), keyturn-devkit (devkit/: the sandbox, the dev
 # servers and the test harnesses; never in `pip install .`) and the client library, in one
-# resolution. setuptools: the packaging test builds keyturn's wheel without build isolation.
+# resolution. setuptools, pinned, first: the three editable projects are built with it, without
+# build isolation (which would install setuptools again for each: a third of the install's time),
+# as the packaging test builds keyturn's wheel.
 $(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt setuptools
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]' -e ./devkit \
+	$(BIN)/pip install --quiet --no-build-isolation -c constraints.txt -e '.[test]' -e ./devkit \
 		-e 'clients/python[httpx,requests]'
 	touch $(STAMP)
 
