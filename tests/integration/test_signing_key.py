@@ -34,6 +34,7 @@ from keyturn_devkit.dev.client_keys import private_key_pem, public_jwks
 from keyturn_devkit.dev.oidc_provider import OidcProvider
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.apps import AppSampler
+from keyturn_devkit.harness.configs import signing_key_and_client
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.key_rotation import run_keyturn, status_rows
 
@@ -96,12 +97,19 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
         token_file.write_text(openbao.root_token)
         config = workdir / "keyturn.toml"
         config.write_text(
-            _config(
-                op,
-                openbao.address,
-                token_file,
-                registered["client_id"],
-                registered["registration_client_uri"],
+            signing_key_and_client(
+                issuer=op.issuer,
+                vault=openbao.address,
+                token_file=str(token_file),
+                prefix="signkey",
+                client_id=registered["client_id"],
+                key=KEY,
+                app=APP,
+                rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
+                registration=(
+                    '{ method = "rfc7592", client_uri = '
+                    f'"{registered["registration_client_uri"]}" }}'
+                ),
             )
         )
         yield Setup(
@@ -115,51 +123,6 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             first_key,
             registered,
         )
-
-
-def _config(op: OidcProvider, vault: str, token_file: Path, client_id: str, uri: str) -> str:
-    return f"""
-[keyturn]
-instance_id = "signkey-test"
-state_prefix = "{STATE_PREFIX}"
-
-[vault]
-address = "{vault}"
-auth = {{ method = "token_file", path = "{token_file}" }}
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "op"
-base_url = "{op.issuer}"
-token_path = "/token"
-token_request = "form"
-timeout = "3s"
-allow_insecure_http = true
-
-[[credentials]]
-name = "{KEY}"
-provider = "op"
-kind = "signing_key"
-client_id = "{client_id}"
-algorithm = "ES256"
-publish_to = "signkey/apps/{KEY}"
-rotation = {{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}
-registration = {{ method = "rfc7592", client_uri = "{uri}" }}
-backoff = {{ initial = "1s", max = "4s" }}
-
-[[credentials]]
-name = "{APP}"
-provider = "op"
-kind = "oauth_client"
-client_id = "{client_id}"
-client_auth = "private_key_jwt"
-client_key = "vault:secret/signkey/apps/{KEY}#private_key"
-client_key_alg = "ES256"
-publish_to = "signkey/apps/{APP}"
-backoff = {{ initial = "1s", max = "4s" }}
-"""
 
 
 def _present(setup: Setup, token: str) -> httpx.Response:

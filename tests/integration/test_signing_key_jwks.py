@@ -31,6 +31,7 @@ from keyturn.clock import parse_rfc3339
 from keyturn_devkit.dev.oidc_provider import OidcProvider, jwks_uri_client
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.apps import AppSampler
+from keyturn_devkit.harness.configs import signing_key_and_client
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.key_rotation import status_rows
 
@@ -142,57 +143,27 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             token_file = workdir / "vault-token"
             token_file.write_text(openbao.root_token)
             config = workdir / "keyturn.toml"
-            config.write_text(_config(op, openbao.address, token_file, jwks.path))
+            config.write_text(
+                signing_key_and_client(
+                    issuer=op.issuer,
+                    vault=openbao.address,
+                    token_file=str(token_file),
+                    prefix="signjwks",
+                    client_id=CLIENT_ID,
+                    key=KEY,
+                    app=APP,
+                    rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
+                    registration=(
+                        f'{{ method = "jwks", file = "{jwks.path}", '
+                        f'server_cache = "{SERVER_CACHE}s" }}'
+                    ),
+                )
+            )
             yield Setup(op, openbao, config, workdir, jwks)
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-
-
-def _config(op: OidcProvider, vault: str, token_file: Path, document: Path) -> str:
-    return f"""
-[keyturn]
-instance_id = "signjwks-test"
-state_prefix = "{STATE_PREFIX}"
-
-[vault]
-address = "{vault}"
-auth = {{ method = "token_file", path = "{token_file}" }}
-
-[metrics]
-listen = "127.0.0.1:0"
-
-[[providers]]
-name = "op"
-base_url = "{op.issuer}"
-token_path = "/token"
-token_request = "form"
-timeout = "3s"
-allow_insecure_http = true
-
-[[credentials]]
-name = "{KEY}"
-provider = "op"
-kind = "signing_key"
-client_id = "{CLIENT_ID}"
-algorithm = "ES256"
-publish_to = "signjwks/apps/{KEY}"
-rotation = {{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}
-registration = {{ method = "jwks", file = "{document}", server_cache = "{SERVER_CACHE}s" }}
-backoff = {{ initial = "1s", max = "4s" }}
-
-[[credentials]]
-name = "{APP}"
-provider = "op"
-kind = "oauth_client"
-client_id = "{CLIENT_ID}"
-client_auth = "private_key_jwt"
-client_key = "vault:secret/signjwks/apps/{KEY}#private_key"
-client_key_alg = "ES256"
-publish_to = "signjwks/apps/{APP}"
-backoff = {{ initial = "1s", max = "4s" }}
-"""
 
 
 def test_a_key_rotated_through_a_jwks_uri_the_server_fetches(setup: Setup) -> None:

@@ -9,3 +9,63 @@ VAULT = """\
 address = "https://vault.example.com"
 auth = { method = "token", token = "env:VAULT_TOKEN" }
 """
+
+
+def signing_key_and_client(
+    *,
+    issuer: str,
+    vault: str,
+    token_file: str,
+    prefix: str,
+    client_id: str,
+    key: str,
+    app: str,
+    rotation: str,
+    registration: str,
+) -> str:
+    """A daemon against an OpenID provider at `issuer` (panva/oidc-provider's test server)
+    keeping `key`, a signing key registered as `registration` says (a TOML inline table), and
+    `app`, an oauth_client of the same client that signs its token requests with the key `key`
+    publishes (private_key_jwt); state and publications under `prefix`."""
+    return f"""
+[keyturn]
+instance_id = "{prefix}-test"
+state_prefix = "{prefix}/keyturn/state"
+
+[vault]
+address = "{vault}"
+auth = {{ method = "token_file", path = "{token_file}" }}
+
+[metrics]
+listen = "127.0.0.1:0"
+
+[[providers]]
+name = "op"
+base_url = "{issuer}"
+token_path = "/token"
+token_request = "form"
+timeout = "3s"
+allow_insecure_http = true
+
+[[credentials]]
+name = "{key}"
+provider = "op"
+kind = "signing_key"
+client_id = "{client_id}"
+algorithm = "ES256"
+publish_to = "{prefix}/apps/{key}"
+rotation = {rotation}
+registration = {registration}
+backoff = {{ initial = "1s", max = "4s" }}
+
+[[credentials]]
+name = "{app}"
+provider = "op"
+kind = "oauth_client"
+client_id = "{client_id}"
+client_auth = "private_key_jwt"
+client_key = "vault:secret/{prefix}/apps/{key}#private_key"
+client_key_alg = "ES256"
+publish_to = "{prefix}/apps/{app}"
+backoff = {{ initial = "1s", max = "4s" }}
+"""
