@@ -173,7 +173,7 @@ def _probe_problems(credential: Any) -> Iterator[tuple[str, str]]:
     if probe_auth is not None and header is None:
         message = (
             "missing, with probe_auth set; expected the header that carries the credential's "
-            'own value, since Authorization carries the other\'s token, e.g. probe_header = '
+            "own value, since Authorization carries the other's token, e.g. probe_header = "
             '"X-Api-Key"'
         )
         yield "probe_header", message

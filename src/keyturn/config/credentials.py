@@ -263,8 +263,6 @@ class SinkConfig(Table):
         return sink
 
 
-
-
 @table(kw_only=True)
 class CredentialConfig(Table):
     """One credential keyturn keeps fresh, as the code reads it: every kind's attributes, a
@@ -433,7 +431,6 @@ class OAuthClientCredential(CredentialConfig):
                 'secret; expected an "http" or "exec" rotator'
             )
             yield ("rotation", "rotator"), message
-
 
     def _client_auth_problems(self) -> Iterator[tuple[Where, str]]:
         """Which keys each way of authenticating needs, and which it refuses."""

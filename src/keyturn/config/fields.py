@@ -247,9 +247,7 @@ def number(
 ) -> Any:
     """A finite number, an integer or a float (pydantic's, strict: not true), within the
     bounds given, which `expected` states."""
-    return Field(
-        strict=True, allow_inf_nan=False, description=expected, gt=gt, ge=ge, lt=lt, le=le
-    )
+    return Field(strict=True, allow_inf_nan=False, description=expected, gt=gt, ge=ge, lt=lt, le=le)
 
 
 def _entry_name(value: object) -> str:

@@ -519,9 +519,7 @@ class UsageSettings(Table):
     allowed_networks: Annotated[tuple[str, ...], NETWORKS] = AUDIT_NETWORKS
     learning: Annotated[float, MARGIN] = DAY
     rate_window: Annotated[float, duration(minimum=1.0, maximum=DAY)] = 300.0
-    rate_factor: Annotated[
-        float, number("a number between 1 and 1000", ge=1, le=1000)
-    ] = 10.0
+    rate_factor: Annotated[float, number("a number between 1 and 1000", ge=1, le=1000)] = 10.0
     rate_floor: Annotated[int, integer(1, 1_000_000)] = 100
     repeat: Annotated[float, duration(positive=True)] = HOUR
     max_consumers: Annotated[int, integer(1, 10_000)] = 100
@@ -579,9 +577,9 @@ class AlertHookConfig(Table):
             section="credentials",
         ),
     ] = None
-    rate_limit: Annotated[
-        float, number(f"a number of alerts per minute {RATE}", gt=0, le=1e4)
-    ] = 30.0
+    rate_limit: Annotated[float, number(f"a number of alerts per minute {RATE}", gt=0, le=1e4)] = (
+        30.0
+    )
     repeat_interval: Annotated[float, duration(minimum=60.0)] = 4 * HOUR
     timeout: Annotated[float, TIMEOUT] = 10.0
     max_retries: Annotated[int, integer(0, 100)] = 5
