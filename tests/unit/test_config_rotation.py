@@ -15,14 +15,13 @@ from types import MappingProxyType
 import pytest
 
 from keyturn.config import load_config, parse_config
+from keyturn.config.credentials import ApiKeyCredential, RotationPolicy
 from keyturn.config.schema import (
-    ApiKeyCredential,
     ExecRotatorConfig,
     HttpCall,
     HttpFind,
     HttpRotatorConfig,
     ManualRotatorConfig,
-    RotationPolicy,
 )
 from keyturn.config.templates import (
     body_problem,

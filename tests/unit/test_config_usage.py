@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from keyturn.config import parse_config
-from keyturn.config.schema import DEFAULT_MAX_GRACE, RotationPolicy, UsageSettings
+from keyturn.config.credentials import DEFAULT_MAX_GRACE, RotationPolicy
+from keyturn.config.schema import UsageSettings
 from keyturn.errors import ConfigError
 from keyturn_devkit.harness.configs import VAULT
 

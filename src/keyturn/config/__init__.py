@@ -4,6 +4,12 @@
 key, docs/architecture.md the modules.
 """
 
+from keyturn.config.credentials import (
+    CredentialConfig,
+    CredentialKind,
+    OAuthClientCredential,
+    RotationPolicy,
+)
 from keyturn.config.durations import format_duration
 from keyturn.config.load import load_config, parse_config
 from keyturn.config.schema import (
@@ -12,15 +18,11 @@ from keyturn.config.schema import (
     AppRoleAuth,
     AuthMethod,
     Config,
-    CredentialConfig,
-    CredentialKind,
     DaemonSettings,
     HttpRotatorConfig,
     KubernetesAuth,
     MetricsSettings,
-    OAuthClientCredential,
     ProviderConfig,
-    RotationPolicy,
     RotatorConfig,
     RotatorType,
     TokenAuth,

@@ -28,6 +28,7 @@ from keyturn.config.fields import (
     REFERENCE_OR_INLINE,
     SINK_PATH,
     URL,
+    Check,
     LoadContext,
     NotAKey,
     Table,
@@ -112,6 +113,12 @@ def _consumer(item: object) -> str | None:
 
 
 CONSUMERS = array_of(_CONSUMERS_EXPECTED, _consumer, json_or_split)
+SCOPE = text('space-separated scopes, e.g. "read write"')
+
+
+def input_reference(key: str, field: str = "") -> Check:
+    """A reference to one of a credential's inputs; the example has it in Vault."""
+    return secret_reference(f'{key} = "vault:secret/keyturn/inputs/<name>#{field or key}"')
 
 
 @table(kw_only=True)
@@ -376,16 +383,10 @@ class OAuthClientCredential(CredentialConfig):
     )
     kind: Literal["oauth_client"] = "oauth_client"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
-    client_secret: Annotated[
-        SecretRef | None,
-        secret_reference('client_secret = "vault:secret/keyturn/inputs/<name>#client_secret"'),
-    ] = None
-    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
+    client_secret: Annotated[SecretRef | None, input_reference("client_secret")] = None
+    scope: Annotated[str | None, SCOPE] = None
     client_auth: CredentialClientAuth = "client_secret"
-    client_key: Annotated[
-        SecretRef | None,
-        secret_reference('client_key = "vault:secret/keyturn/inputs/<name>#private_key"'),
-    ] = None
+    client_key: Annotated[SecretRef | None, input_reference("client_key", "private_key")] = None
     client_key_alg: AssertionAlg | None = None
     client_key_id: Annotated[str | None, text('the key\'s id at the provider (JWS "kid")')] = None
     client_certificate: Annotated[
@@ -403,10 +404,7 @@ class OAuthClientCredential(CredentialConfig):
     assertion_audience: Annotated[
         str | None, text('the assertion\'s "aud", e.g. "https://oauth2.googleapis.com/token"')
     ] = None
-    refresh_token: Annotated[
-        SecretRef | None,
-        secret_reference('refresh_token = "vault:secret/keyturn/inputs/<name>#refresh_token"'),
-    ] = None
+    refresh_token: Annotated[SecretRef | None, input_reference("refresh_token")] = None
     refresh: Annotated[
         RefreshPolicy, Via(RefreshTable), described("a table ([credentials.refresh])")
     ] = dataclasses.field(default_factory=RefreshPolicy)
@@ -476,10 +474,7 @@ class ApiKeyCredential(CredentialConfig):
         RotationPolicy,
         described('a table, e.g. rotation = { max_age = "30d", rotator = "acme-keys" }'),
     ]
-    initial_key: Annotated[
-        SecretRef | None,
-        secret_reference('initial_key = "vault:secret/keyturn/inputs/<name>#api_key"'),
-    ] = None
+    initial_key: Annotated[SecretRef | None, input_reference("initial_key", "api_key")] = None
     initial_key_id: Annotated[
         str | None, text('the provider\'s id of initial_key, e.g. "key_0123"')
     ] = None
@@ -514,10 +509,7 @@ class Rfc7592Registration(Table):
     method: Literal["rfc7592"] = "rfc7592"
     client_uri: Annotated[str, URL]
     access_token: Annotated[
-        SecretRef | None,
-        secret_reference(
-            'access_token = "vault:secret/keyturn/inputs/<name>#registration_access_token"'
-        ),
+        SecretRef | None, input_reference("access_token", "registration_access_token")
     ] = None
     # Instead of a registration access token: another credential's token (e.g. an admin's).
     auth: Annotated[CredentialAuth | None, CREDENTIAL_AUTH] = None
@@ -550,13 +542,11 @@ class JwksRegistration(Table):
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         if self.publish_to is None and self.file is None:
-            yield (
-                "publish_to",
-                (
-                    "missing, and so is file; expected where the JWKS document goes: publish_to "
-                    "(a Vault path), file (a path on keyturn's host), or both"
-                ),
+            message = (
+                "missing, and so is file; expected where the JWKS document goes: publish_to "
+                "(a Vault path), file (a path on keyturn's host), or both"
             )
+            yield "publish_to", message
 
 
 @table(kw_only=True)
@@ -589,7 +579,7 @@ class SigningKeyCredential(CredentialConfig):
     )
     kind: Literal["signing_key"] = "signing_key"
     client_id: Annotated[SecretRef, REFERENCE_OR_INLINE]
-    scope: Annotated[str | None, text('space-separated scopes, e.g. "read write"')] = None
+    scope: Annotated[str | None, SCOPE] = None
     rotation: Annotated[
         RotationPolicy,
         described('a table, e.g. rotation = { max_age = "90d", grace = "1d" }'),
@@ -612,41 +602,29 @@ class SigningKeyCredential(CredentialConfig):
 
     def problems(self, context: LoadContext) -> Iterator[tuple[Where, str]]:
         through_rotator = isinstance(self.registration, RotatorRegistration)
+        rotator = self._rotator_in(context)
         if self.rotation.rotator is not None and not through_rotator:
-            yield (
-                ("rotation", "rotator"),
-                (
-                    f'is "{self.rotation.rotator}" for a signing_key registered by '
-                    f'"{self.registration.method}", whose key keyturn makes itself; expected no '
-                    'rotator, or registration = { method = "rotator" }'
-                ),
+            message = (
+                f'is "{self.rotation.rotator}" for a signing_key registered by '
+                f'"{self.registration.method}", whose key keyturn makes itself; expected no '
+                'rotator, or registration = { method = "rotator" }'
             )
-        if through_rotator:
-            rotator = self._rotator_in(context)
-            if self.rotation.rotator is None:
-                yield (
-                    ("rotation", "rotator"),
-                    (
-                        'missing; registration = { method = "rotator" } needs the name of an '
-                        '"exec" rotator that registers the public keys'
-                    ),
-                )
-            elif rotator is not None and rotator[1] not in (None, "exec"):
-                yield (
-                    ("rotation", "rotator"),
-                    (
-                        f'"{rotator[0]}" is a {rotator[1]} rotator; expected an exec rotator '
-                        "(its register action gets the public JWK on stdin)"
-                    ),
-                )
+            yield ("rotation", "rotator"), message
+        elif through_rotator and self.rotation.rotator is None:
+            message = (
+                'missing; registration = { method = "rotator" } needs the name of an "exec" '
+                "rotator that registers the public keys"
+            )
+            yield ("rotation", "rotator"), message
+        elif through_rotator and rotator is not None and rotator[1] not in (None, "exec"):
+            message = (
+                f'"{rotator[0]}" is a {rotator[1]} rotator; expected an exec rotator (its '
+                "register action gets the public JWK on stdin)"
+            )
+            yield ("rotation", "rotator"), message
         if self.key_size is not None and self.algorithm not in RSA_ALGORITHMS:
-            yield (
-                "key_size",
-                (
-                    f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
-                    'key_size only with "RS256" or "PS256"'
-                ),
-            )
+            message = f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
+            yield "key_size", message + 'key_size only with "RS256" or "PS256"'
 
 
 # Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).

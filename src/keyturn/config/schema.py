@@ -26,23 +26,13 @@ from keyturn.config.credential_auth import (
     unknown_credential,
 )
 from keyturn.config.credentials import (
-    DEFAULT_MAX_GRACE,
     KV_PATH,
     LIFETIME,
     MARGIN,
     PROVIDER,
     TIMEOUT,
     AnyCredential,
-    ApiKeyCredential,
-    BackoffTable,
     CredentialConfig,
-    CredentialKind,
-    HookConfig,
-    OAuthClientCredential,
-    RefreshTable,
-    RotationPolicy,
-    SinkConfig,
-    SinkFormat,
 )
 from keyturn.config.fields import (
     BOOLEAN,
@@ -92,20 +82,6 @@ from keyturn.config.fields import (
 from keyturn.config.templates import REQUEST_PLACEHOLDERS, REVOKE_PLACEHOLDERS, placeholders
 from keyturn.config.webconfig import WebConfig, load_web_config, read_web_config
 from keyturn.references import SecretRef
-
-__all__ = [  # the [[credentials]] models, where the code has always imported them from
-    "DEFAULT_MAX_GRACE",
-    "ApiKeyCredential",
-    "BackoffTable",
-    "CredentialConfig",
-    "CredentialKind",
-    "HookConfig",
-    "OAuthClientCredential",
-    "RefreshTable",
-    "RotationPolicy",
-    "SinkConfig",
-    "SinkFormat",
-]
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 ExternalChangeResponse = Literal["republish", "alert"]

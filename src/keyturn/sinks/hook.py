@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from keyturn.config.schema import HookConfig, SinkConfig
+from keyturn.config.credentials import HookConfig, SinkConfig
 from keyturn.rotators.exec import (
     MAX_OUTPUT,
     MAX_STDERR_LINE,

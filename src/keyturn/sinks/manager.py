@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from keyturn.clock import Clock
-from keyturn.config.schema import Config, CredentialConfig, SinkConfig
+from keyturn.config.credentials import CredentialConfig, SinkConfig
+from keyturn.config.schema import Config
 from keyturn.errors import KeyturnError
 from keyturn.events import Event, Published, Restored
 from keyturn.logs import get_logger

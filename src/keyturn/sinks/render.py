@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keyturn.clock import parse_rfc3339
-from keyturn.config.schema import SinkConfig
+from keyturn.config.credentials import SinkConfig
 from keyturn.errors import KeyturnError
 from keyturn.kinds import KINDS, REGISTERED
 from keyturn.secret import Secret
