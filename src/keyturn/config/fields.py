@@ -108,16 +108,16 @@ class Check:
     def __init__(
         self,
         expected: str,
-        read: Callable[[Any], Any] | None = None,
+        read: Callable[..., Any],
         env: Callable[[str], object] = str,
+        *,
+        contextual: bool = False,  # `read(value, context)`: it needs what validation knows
     ) -> None:
-        self.expected = expected
-        self._read = read
-        self.from_env = env
+        self.expected, self._read, self.from_env = expected, read, env
+        self._contextual = contextual
 
     def read(self, value: Any, context: LoadContext | None) -> Any:
-        assert self._read is not None
-        return self._read(value)
+        return self._read(value, context) if self._contextual else self._read(value)
 
     def __get_pydantic_core_schema__(
         self, source: Any, handler: GetCoreSchemaHandler
@@ -574,23 +574,21 @@ def command(example: str, *, from_env: bool = True) -> Check:
     return Check(expected, read, json_array if from_env else str)
 
 
-class FsPath(Check):
-    """A filesystem path (not a reference); a relative one starts at the file's directory."""
-
-    def __init__(self) -> None:
-        expected = "a filesystem path (relative paths start at the configuration file's directory)"
-        super().__init__(expected)
-
-    def read(self, value: Any, context: LoadContext | None) -> Path:
-        result = _text(value, self.expected)
-        if looks_like_reference(result):
-            raise Invalid(f"got a reference; expected {self.expected}, not a reference")
-        if "\x00" in result:
-            raise Invalid(f"got a path with a NUL character; expected {self.expected}")
-        return (context.base_dir if context else Path()) / result
+def _fs_path(value: object, context: LoadContext | None) -> Path:
+    result = _text(value, FS_PATH.expected)
+    if looks_like_reference(result):
+        raise Invalid(f"got a reference; expected {FS_PATH.expected}, not a reference")
+    if "\x00" in result:
+        raise Invalid(f"got a path with a NUL character; expected {FS_PATH.expected}")
+    return (context.base_dir if context else Path()) / result
 
 
-FS_PATH = FsPath()
+# A filesystem path (not a reference); a relative one starts at the file's directory.
+FS_PATH = Check(
+    "a filesystem path (relative paths start at the configuration file's directory)",
+    _fs_path,
+    contextual=True,
+)
 
 _SINK_PATH_EXPECTED = (
     'an absolute path of a file, e.g. "/run/keyturn/reporting/token.env": no "." or ".." '
@@ -676,33 +674,26 @@ def url_or_reference(what: str) -> Check:
     return Check(expected, read)
 
 
-class Names(Check):
+def names(expected: str, what: str, known: tuple[str, ...] = (), section: str = "") -> Check:
     """A non-empty array of names (in the environment a JSON array or "a,b"), each among
     `known`, or among the declared entries of `section` when validation knows them."""
 
-    def __init__(
-        self, expected: str, what: str, known: tuple[str, ...] = (), section: str = ""
-    ) -> None:
-        super().__init__(expected, env=json_or_split)
-        self.what, self.known, self.section = what, known, section
-
-    def read(self, value: Any, context: LoadContext | None) -> tuple[str, ...]:
-        known: list[str] | tuple[str, ...] | None = self.known
-        if self.section:
-            known = getattr(context, self.section) if context else None
+    def read(value: object, context: LoadContext | None) -> tuple[str, ...]:
+        among = (getattr(context, section) if context else None) if section else known
 
         def name(item: object) -> str | None:
             if not isinstance(item, str) or not NAME_RULE.fullmatch(item):
                 return None
-            if known is not None and item not in known:
-                close = difflib.get_close_matches(item, known, n=1, cutoff=0.6)
-                hint = "expected one of: " + ", ".join(known)
-                if close:
-                    hint = f'did you mean "{close[0]}"?'
-                raise Invalid(f'no {self.what} is named "{item}"; {hint}')
+            if among is not None and item not in among:
+                close = difflib.get_close_matches(item, among, n=1, cutoff=0.6)
+                listing = "expected one of: " + ", ".join(among)
+                hint = f'did you mean "{close[0]}"?' if close else listing
+                raise Invalid(f'no {what} is named "{item}"; {hint}')
             return item
 
-        return array(value, self.expected, name)
+        return array(value, expected, name)
+
+    return Check(expected, read, json_or_split, contextual=True)
 
 
 def rule(judge: Callable[[Any, LoadContext], str | None]) -> AfterValidator:
@@ -779,14 +770,13 @@ T = TypeVar("T")
 Where = str | tuple[str | int, ...]  # a key of a table, or a key path below it
 
 
-def _problem(where: Where, message: str) -> InitErrorDetails:
-    loc = (where,) if isinstance(where, str) else where
-    return InitErrorDetails(type=problem(message), loc=loc, input=None)
-
-
 def report(found: list[tuple[Where, str]]) -> ValidationError:
     """Problems in one table, as pydantic's error (one line each)."""
-    return ValidationError.from_exception_data("keyturn", [_problem(*p) for p in found])
+    errors = [
+        InitErrorDetails(type=problem(message), loc=(w,) if isinstance(w, str) else w, input=None)
+        for w, message in found
+    ]
+    return ValidationError.from_exception_data("keyturn", errors)
 
 
 @functools.cache

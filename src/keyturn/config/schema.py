@@ -53,7 +53,6 @@ from keyturn.config.fields import (
     Entries,
     Invalid,
     LoadContext,
-    Names,
     Table,
     Via,
     Where,
@@ -70,6 +69,7 @@ from keyturn.config.fields import (
     json_or_split,
     json_pointer,
     kv_path,
+    names,
     number,
     path_template,
     report,
@@ -537,7 +537,7 @@ class AlertHookConfig(Table):
     min_severity: AlertSeverity = "warning"
     detectors: Annotated[
         tuple[str, ...] | None,
-        Names(
+        names(
             'a non-empty array of detector names, e.g. ["refresh_token_rejected", '
             '"client_rejected"] (in the environment a JSON array or "a,b")',
             "detector",
@@ -546,7 +546,7 @@ class AlertHookConfig(Table):
     ] = None
     credentials: Annotated[
         tuple[str, ...] | None,
-        Names(
+        names(
             'a non-empty array of credential names, e.g. ["reporting"] (in the environment a '
             'JSON array or "a,b")',
             "credential",
