@@ -13,7 +13,7 @@ import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationInfo, model_validator
@@ -115,19 +115,13 @@ def transport(
     scheme, host = urlsplit(url).scheme, urlsplit(url).hostname or ""
     loopback = is_loopback(host)
     if allow and not loopback:
-        yield (
-            "allow_insecure_http",
-            f'true is accepted only for loopback hosts ({LOOPBACK_HOSTS}), not "{host}"; '
-            f"expected false with an https:// {key}",
-        )
+        message = f'true is accepted only for loopback hosts ({LOOPBACK_HOSTS}), not "{host}"; '
+        yield "allow_insecure_http", message + f"expected false with an https:// {key}"
     elif scheme == "http" and not loopback:
         yield key, f'plain http to "{host}", which is not a loopback host; expected https://'
     elif scheme == "http" and loopback_needs_flag and not allow:
-        yield (
-            key,
-            "plain http; expected https://, or allow_insecure_http = true "
-            f"(accepted for loopback hosts only: {LOOPBACK_HOSTS})",
-        )
+        message = "plain http; expected https://, or allow_insecure_http = true (accepted for "
+        yield key, message + f"loopback hosts only: {LOOPBACK_HOSTS})"
 
 
 # -- [keyturn], [vault], [metrics] ---------------------------------------------------------
@@ -466,15 +460,11 @@ _AUDIT_ADDRESS_EXPECTED = (
 def _audit_address(value: object) -> str:
     if isinstance(value, str) and value.startswith("unix:"):
         path = value[len("unix:") :]
-        if not path.startswith("/") or _CONTROL_CHARACTER.search(path) or len(path) > 107:
-            raise Invalid(f"got {describe(value)}; expected {_AUDIT_ADDRESS_EXPECTED}")
-        return value
-    try:
-        LISTEN.value(value)
-    except Invalid:
-        raise Invalid(f"got {describe(value)}; expected {_AUDIT_ADDRESS_EXPECTED}") from None
-    assert isinstance(value, str)
-    return value
+        if path.startswith("/") and not _CONTROL_CHARACTER.search(path) and len(path) <= 107:
+            return value
+    elif LISTEN.valid(value) is not None:
+        return str(value)
+    raise Invalid(f"got {describe(value)}; expected {_AUDIT_ADDRESS_EXPECTED}")
 
 
 AUDIT_ADDRESS = Check(_AUDIT_ADDRESS_EXPECTED, _audit_address)
@@ -606,10 +596,6 @@ AlertHookVariant = (
 # -- the whole file -------------------------------------------------------------------------
 
 
-def _no_entries() -> Mapping[str, Any]:
-    return MappingProxyType({})
-
-
 @table(kw_only=True)
 class Config:
     """The whole configuration, validated. `source` is the file it came from."""
@@ -625,12 +611,12 @@ class Config:
         Mapping[str, ProviderConfig],
         Entries("provider"),
         described("an array of tables ([[providers]])"),
-    ] = dataclasses.field(default_factory=_no_entries)
+    ] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     rotators: Annotated[
         Mapping[str, Annotated[RotatorConfig, Field(discriminator="type")]],
         Entries("rotator"),
         described("an array of tables ([[rotators]])"),
-    ] = dataclasses.field(default_factory=_no_entries)
+    ] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     credentials: Annotated[
         tuple[AnyCredential, ...],
         Entries("credential"),
