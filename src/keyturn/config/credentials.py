@@ -77,7 +77,6 @@ INPUT_REFERENCES = (
     "client_certificate",
     "service_account",
 )
-SinkFormat = Literal["raw", "json", "env"]
 
 # How long after a new key is published its predecessor lives at most while keyturn waits for
 # consumers to move, unless `max_grace` says otherwise.
@@ -239,7 +238,7 @@ class SinkConfig(Table):
     (keyturn.sinks); no name, so named by position and not overridden."""
 
     path: Annotated[Path, SINK_PATH, Unique("each sink to write its own file")]
-    format: SinkFormat
+    format: Literal["raw", "json", "env"]
     mode: Annotated[int, MODE] = 0o600
     env_prefix: Annotated[
         str,
@@ -496,7 +495,6 @@ class ApiKeyCredential(CredentialConfig):
             yield ("rotation", "rotator"), message
 
 
-SigningAlgorithm = AssertionAlg
 RSA_ALGORITHMS = ("RS256", "PS256")
 DEFAULT_RSA_BITS = 3072
 
@@ -584,7 +582,7 @@ class SigningKeyCredential(CredentialConfig):
         RotationPolicy,
         described('a table, e.g. rotation = { max_age = "90d", grace = "1d" }'),
     ]
-    algorithm: SigningAlgorithm = "ES256"
+    algorithm: AssertionAlg = "ES256"
     key_size: Annotated[int | None, integer(2048, 8192, " (bits of an RSA key)")] = None
     registration: Registration
 

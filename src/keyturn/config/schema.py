@@ -83,18 +83,10 @@ from keyturn.config.templates import REQUEST_PLACEHOLDERS, REVOKE_PLACEHOLDERS, 
 from keyturn.config.webconfig import WebConfig, load_web_config, read_web_config
 from keyturn.references import SecretRef
 
-LogLevel = Literal["debug", "info", "warning", "error"]
-ExternalChangeResponse = Literal["republish", "alert"]
-TokenRequest = Literal["json", "form"]
-ClientAuth = Literal["body", "basic"]
-# The `aud` of a private_key_jwt client assertion: the token endpoint's URL (RFC 7523 §3) or
-# the issuer identifier (OpenID Connect Core §9 allows either; some servers take only one).
-AssertionAudience = Literal["token_endpoint", "issuer"]
 RotatorType = Literal["http", "exec", "manual"]
 HttpMethod = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 AuthMethod = Literal["token", "token_file", "approle", "kubernetes"]
 AlertHookType = Literal["webhook", "slack", "pagerduty", "alertmanager"]
-AlertSeverity = Literal["info", "warning", "critical"]
 
 KUBERNETES_JWT_PATH = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 OK_STATUS = (200, 201, 202, 204)
@@ -135,12 +127,12 @@ class DaemonSettings(Table):
         str, text("an identifier without spaces, at most 253 characters", r"^\S{1,253}$")
     ] = dataclasses.field(default_factory=lambda: socket.gethostname() or "keyturn")
     state_prefix: Annotated[str, KV_PATH] = "keyturn/state"
-    log_level: LogLevel = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
     max_concurrency: Annotated[int, CONCURRENCY] = 64
     vault_concurrency: Annotated[int, integer(1, 1_000)] = 16
     shutdown_timeout: Annotated[float, TIMEOUT] = 30.0
     watch_interval: Annotated[float, duration(off=True, minimum=1.0, maximum=7 * DAY)] = 300.0
-    on_external_change: ExternalChangeResponse = "republish"
+    on_external_change: Literal["republish", "alert"] = "republish"
     takeover_after: Annotated[float, duration(minimum=3.0, maximum=HOUR)] = 30.0
 
 
@@ -270,8 +262,8 @@ class ProviderConfig(Table):
     allow_insecure_http: Annotated[bool, BOOLEAN] = False
     token_path: Annotated[str, HTTP_PATH] = "/oauth/token"
     revoke_path: Annotated[str | None, HTTP_PATH] = None
-    token_request: TokenRequest = "json"
-    client_auth: ClientAuth = "body"
+    token_request: Literal["json", "form"] = "json"
+    client_auth: Literal["body", "basic"] = "body"
     timeout: Annotated[float, TIMEOUT] = 10.0
     max_connections: Annotated[int, CONCURRENCY] = 100
     rate_limit: Annotated[
@@ -280,7 +272,9 @@ class ProviderConfig(Table):
     default_lifetime: Annotated[float, LIFETIME] = 3600.0
     refresh_token_max_lifetime: Annotated[float | None, LIFETIME] = None
     max_response_bytes: Annotated[int, integer(1024, 64 << 20, " (1 KiB to 64 MiB)")] = 65536
-    client_assertion_audience: AssertionAudience = "token_endpoint"
+    # The `aud` of a private_key_jwt client assertion: the token endpoint's URL (RFC 7523 §3)
+    # or the issuer identifier (OpenID Connect Core §9 allows either; some servers take one).
+    client_assertion_audience: Literal["token_endpoint", "issuer"] = "token_endpoint"
     issuer: Annotated[str | None, URL] = None
 
     @property
@@ -430,7 +424,6 @@ RotatorConfig = HttpRotatorConfig | ExecRotatorConfig | ManualRotatorConfig
 
 # -- [usage] --------------------------------------------------------------------------------
 
-UsageSource = Literal["file", "socket"]
 DEFAULT_POSITION_FILE = Path("/var/lib/keyturn/audit-position.json")
 AUDIT_NETWORKS = ("127.0.0.0/8", "::1/128")
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")
@@ -475,7 +468,7 @@ _ONLY_FOR = {"file": ("file", "prefix"), "socket": ("socket",)}
 class UsageSettings(Table):
     """`[usage]`: who reads the published credentials, from Vault's audit log (docs/usage.md)."""
 
-    source: UsageSource
+    source: Literal["file", "socket"]
     file: Annotated[Path | None, FS_PATH] = None
     prefix: Annotated[
         str | None, text('the audit device\'s prefix option, e.g. "vault-audit:"')
@@ -524,7 +517,7 @@ class AlertHookConfig(Table):
     type: AlertHookType
     url: SecretRef | None = None
     routing_key: Annotated[SecretRef | None, NOT_A_KEY] = None  # pagerduty's only
-    min_severity: AlertSeverity = "warning"
+    min_severity: Literal["info", "warning", "critical"] = "warning"
     detectors: Annotated[
         tuple[str, ...] | None,
         names(
