@@ -89,11 +89,7 @@ KV_PATH = kv_path(
     'and _ . @ + = - joined by single "/", no "." or ".."'
 )
 PROVIDER = refers_to("providers", "provider")
-FRACTION = number("a fraction between 0 and 1 (exclusive)", gt=0, lt=1)
-JITTER = number("a fraction >= 0 and < 0.5", ge=0, lt=0.5)
 WAIT = duration(positive=True, maximum=DAY)
-MULTIPLIER = number("a number between 1 and 10", ge=1, le=10)
-AFTER_EXPIRY = duration(minimum=1.0, maximum=HOUR)
 OTHER_KINDS = NotAKey(named=True)  # a kind's own key, in the base that every kind reads
 HOOK_COMMAND = command('["/usr/bin/systemctl", "try-restart", "reporting"]', from_env=False)
 MAX_CONSUMER_NAME = 128  # a consumer's name is at most this long (keyturn.usage.audit)
@@ -185,8 +181,8 @@ def _present(table: Any) -> dict[str, Any]:
 class RefreshTable(Table):
     """`refresh`: a keyturn.policy.RefreshPolicy."""
 
-    at: Annotated[float | None, FRACTION] = None
-    jitter: Annotated[float | None, JITTER] = None
+    at: Annotated[float | None, number("a fraction between 0 and 1 (exclusive)", gt=0, lt=1)] = None
+    jitter: Annotated[float | None, number("a fraction >= 0 and < 0.5", ge=0, lt=0.5)] = None
     margin: Annotated[float | None, MARGIN] = None
     min_interval: Annotated[float | None, LIFETIME] = None
 
@@ -210,8 +206,8 @@ class BackoffTable(Table):
 
     initial: Annotated[float | None, WAIT] = None
     maximum: Annotated[float | None, WAIT, Field(alias="max")] = None
-    multiplier: Annotated[float | None, MULTIPLIER] = None
-    after_expiry: Annotated[float | None, AFTER_EXPIRY] = None
+    multiplier: Annotated[float | None, number("a number between 1 and 10", ge=1, le=10)] = None
+    after_expiry: Annotated[float | None, duration(minimum=1.0, maximum=HOUR)] = None
 
     def build(self) -> BackoffPolicy:
         return BackoffPolicy(**_present(self))
