@@ -212,9 +212,10 @@ def array_of(expected: str, item: Callable[[Any], Any], env: Callable[[str], obj
     return Check(expected, lambda value: array(value, expected, item), env)
 
 
-def _text(value: object, expected: str) -> str:
+def _text(value: object, expected: str, *, secret: bool = False) -> str:
+    """A string that is not blank; a `secret` one's wrong value is named by its type only."""
     if not isinstance(value, str):
-        raise Invalid(f"got {describe(value)}; expected {expected}")
+        raise Invalid(f"got {kind_of(value) if secret else describe(value)}; expected {expected}")
     if not value.strip():
         raise Invalid(f"got an empty string; expected {expected}")
     return value
@@ -304,16 +305,13 @@ def secret_reference(example: str) -> Check:
     expected = f"a reference: {REFERENCE_FORMS} (e.g. {example})"
 
     def read(value: object) -> SecretRef:
-        if not isinstance(value, str):
-            raise Invalid(f"got {kind_of(value)}; expected {expected}")
-        if not value.strip():
-            raise Invalid(f"got an empty string; expected {expected}")
-        if not looks_like_reference(value):
+        reference = _text(value, expected, secret=True)
+        if not looks_like_reference(reference):
             raise Invalid(
                 "got an inline secret, which is not allowed (its value is not shown); "
                 f"expected {expected}"
             )
-        return _parsed(value)
+        return _parsed(reference)
 
     return Check(expected, read)
 
@@ -498,16 +496,14 @@ def body_template(allowed: tuple[str, ...]) -> Check:
     expected = f'a JSON text, e.g. \'{{"name": "{{key_name}}"}}\'; it may use {_listing(allowed)}'
 
     def read(value: object) -> str:
-        if not isinstance(value, str) or not value.strip():
-            shown = "an empty string" if isinstance(value, str) else kind_of(value)
-            raise Invalid(f"got {shown}; expected {expected}")
-        reason = _placeholder_problem(value, allowed)
+        template = _text(value, expected, secret=True)
+        reason = _placeholder_problem(template, allowed)
         if reason is not None:
             raise Invalid(reason)
-        reason = body_problem(value)
+        reason = body_problem(template)
         if reason is not None:
             raise Invalid(f"{reason}; expected {expected}")
-        return value
+        return template
 
     return Check(expected, read)
 
