@@ -617,8 +617,11 @@ class SigningKeyCredential(CredentialConfig):
             )
             yield ("rotation", "rotator"), message
         if self.key_size is not None and self.algorithm not in RSA_ALGORITHMS:
-            message = f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
-            yield "key_size", message + 'key_size only with "RS256" or "PS256"'
+            message = (
+                f'is set for algorithm "{self.algorithm}", whose key size is fixed; expected '
+                'key_size only with "RS256" or "PS256"'
+            )
+            yield "key_size", message
 
 
 # Every kind, one class each; `CredentialKind` lists their tags (a test checks the two agree).
