@@ -55,8 +55,8 @@ import pathlib
 import secrets
 import sys
 import time
-
-import httpx
+import urllib.error
+import urllib.request
 
 here = pathlib.Path(__file__).resolve().parent
 settings = json.loads((here / "exec-rotator.json").read_text())
@@ -65,11 +65,27 @@ params = json.loads(sys.stdin.read())
 with (here / "exec-rotator-calls.jsonl").open("a") as calls:
     leaked = sorted(k for k in os.environ if k.upper().startswith(("KEYTURN_", "VAULT_", "BAO_")))
     calls.write(json.dumps({{"mode": mode, "argv": sys.argv[1:], "env": leaked, **params}}) + "\\n")
-admin = httpx.Client(
-    base_url=settings["base_url"],
-    headers={{"Authorization": "Bearer " + settings["admin_token"]}},
-    timeout=5,
-)
+
+
+def admin(method, path, body=None):
+    """One call to the sandbox's admin API: (status, JSON answer or None). urllib, not httpx:
+    a plain-http call needs no TLS context, and the tests start this script dozens of times."""
+    request = urllib.request.Request(
+        settings["base_url"].rstrip("/") + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={{"Authorization": "Bearer " + settings["admin_token"],
+                 "Content-Type": "application/json"}},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status, json.loads(answer.read() or b"null")
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return 404, None
+        raise
+
+
 action = params["action"]
 if action == "create":
     if mode == "exit-1":
@@ -86,18 +102,16 @@ if action == "create":
         value = "ktsb_key_" + secrets.token_urlsafe(32)
         print(json.dumps({{"key": value, "key_id": "key_unknown_" + params["rotation_id"]}}))
         sys.exit(0)
-    answer = admin.post(
-        "/admin/api-keys", json={{"name": params["key_name"], "description": "exec rotator"}}
+    status, created = admin(
+        "POST", "/admin/api-keys", {{"name": params["key_name"], "description": "exec rotator"}}
     )
-    answer.raise_for_status()
-    created = answer.json()
+    if status == 404:
+        sys.exit("POST /admin/api-keys: 404")
     print(json.dumps({{"key": created["key"], "key_id": created["key_id"]}}))
 elif action == "revoke":
-    answer = admin.delete("/admin/api-keys/" + params["key_id"])
-    if answer.status_code != 404:
-        answer.raise_for_status()
+    admin("DELETE", "/admin/api-keys/" + params["key_id"])  # 404: already gone
 elif action == "find":
-    keys = admin.get("/admin/api-keys").json()["api_keys"]
+    keys = admin("GET", "/admin/api-keys")[1]["api_keys"]
     print(json.dumps({{"key_ids": [k["key_id"] for k in keys if k["name"] == params["key_name"]]}}))
 else:
     print("unknown action " + action, file=sys.stderr)
