@@ -12,11 +12,9 @@ are served all along. `keyturn check --live` says the same in one line each.
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import re
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from keyturn_devkit.dev.client_keys import (
     self_signed_certificate,
     service_account_json,
 )
+from keyturn_devkit.dev.loopback import serve_json
 from keyturn_devkit.dev.oidc_provider import (
     OidcProvider,
     jwks_uri_client,
@@ -71,31 +70,10 @@ class Setup:
         return f"clientauth/apps/{name}"
 
 
-@contextlib.contextmanager
-def jwks_published(jwks: dict[str, object]) -> Iterator[str]:
+def jwks_published(jwks: dict[str, object]) -> contextlib.AbstractContextManager[str]:
     """A client's JWKS served over HTTP on loopback (what a client publishes for `jwks_uri`)."""
     body = json.dumps(jwks).encode()
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/jwks.json"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    return serve_json(lambda: body)
 
 
 def _write(path: Path, text: str) -> str:

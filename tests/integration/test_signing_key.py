@@ -34,7 +34,7 @@ from keyturn_devkit.dev.client_keys import private_key_pem, public_jwks
 from keyturn_devkit.dev.oidc_provider import OidcProvider
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.apps import AppSampler
-from keyturn_devkit.harness.configs import signing_key_and_client
+from keyturn_devkit.harness.configs import write_signing_key_and_client
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.key_rotation import run_keyturn, status_rows
 
@@ -93,24 +93,20 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
             )
         assert answer.status_code == 201, answer.text
         registered = answer.json()
-        token_file = workdir / "vault-token"
-        token_file.write_text(openbao.root_token)
-        config = workdir / "keyturn.toml"
-        config.write_text(
-            signing_key_and_client(
-                issuer=op.issuer,
-                vault=openbao.address,
-                token_file=str(token_file),
-                prefix="signkey",
-                client_id=registered["client_id"],
-                key=KEY,
-                app=APP,
-                rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
-                registration=(
-                    '{ method = "rfc7592", client_uri = '
-                    f'"{registered["registration_client_uri"]}" }}'
-                ),
-            )
+        config = write_signing_key_and_client(
+            workdir,
+            issuer=op.issuer,
+            vault=openbao.address,
+            root_token=openbao.root_token,
+            prefix="signkey",
+            client_id=registered["client_id"],
+            key=KEY,
+            app=APP,
+            rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
+            registration=(
+                '{ method = "rfc7592", client_uri = '
+                f'"{registered["registration_client_uri"]}" }}'
+            ),
         )
         yield Setup(
             op,

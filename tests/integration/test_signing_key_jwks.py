@@ -16,7 +16,6 @@ server. About 2 min 20 s of wall time, nearly all of it asleep.
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
@@ -28,10 +27,11 @@ import hvac
 import pytest
 
 from keyturn.clock import parse_rfc3339
+from keyturn_devkit.dev.loopback import serve_json
 from keyturn_devkit.dev.oidc_provider import OidcProvider, jwks_uri_client
 from keyturn_devkit.dev.openbao import OpenBaoDevServer
 from keyturn_devkit.harness.apps import AppSampler
-from keyturn_devkit.harness.configs import signing_key_and_client
+from keyturn_devkit.harness.configs import write_signing_key_and_client
 from keyturn_devkit.harness.deployment import DaemonProcess
 from keyturn_devkit.harness.key_rotation import status_rows
 
@@ -67,28 +67,15 @@ class JwksFile:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _mtime: int = 0
 
-    def serve(self) -> http.server.ThreadingHTTPServer:
-        served = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                try:
-                    body = served.path.read_bytes()
-                except FileNotFoundError:
-                    self.send_error(404)
-                    return
-                with served._lock:
-                    served.fetches.append(Version(time.time(), _kids(body)))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    def fetched(self) -> bytes | None:
+        """The file as a GET finds it (None: not written yet); each fetch is kept."""
+        try:
+            body = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        with self._lock:
+            self.fetches.append(Version(time.time(), _kids(body)))
+        return body
 
     def look(self) -> None:
         """Keep the file's version if it changed (keyturn replaces it atomically: its mtime is
@@ -132,38 +119,25 @@ def setup(openbao: OpenBaoDevServer, tmp_path_factory: pytest.TempPathFactory) -
     workdir = tmp_path_factory.mktemp("signjwks")
     (workdir / "www").mkdir()
     jwks = JwksFile(workdir / "www" / "jwks.json")
-    server = jwks.serve()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    uri = f"http://127.0.0.1:{server.server_port}/jwks.json"
-    try:
-        with OidcProvider(
-            workdir, clients=[jwks_uri_client(CLIENT_ID, uri)], access_token_ttl=TTL
-        ) as op:
-            token_file = workdir / "vault-token"
-            token_file.write_text(openbao.root_token)
-            config = workdir / "keyturn.toml"
-            config.write_text(
-                signing_key_and_client(
-                    issuer=op.issuer,
-                    vault=openbao.address,
-                    token_file=str(token_file),
-                    prefix="signjwks",
-                    client_id=CLIENT_ID,
-                    key=KEY,
-                    app=APP,
-                    rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
-                    registration=(
-                        f'{{ method = "jwks", file = "{jwks.path}", '
-                        f'server_cache = "{SERVER_CACHE}s" }}'
-                    ),
-                )
-            )
-            yield Setup(op, openbao, config, workdir, jwks)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_json(jwks.fetched) as uri, OidcProvider(
+        workdir, clients=[jwks_uri_client(CLIENT_ID, uri)], access_token_ttl=TTL
+    ) as op:
+        config = write_signing_key_and_client(
+            workdir,
+            issuer=op.issuer,
+            vault=openbao.address,
+            root_token=openbao.root_token,
+            prefix="signjwks",
+            client_id=CLIENT_ID,
+            key=KEY,
+            app=APP,
+            rotation=f'{{ max_age = "{MAX_AGE}s", grace = "{GRACE}s" }}',
+            registration=(
+                f'{{ method = "jwks", file = "{jwks.path}", '
+                f'server_cache = "{SERVER_CACHE}s" }}'
+            ),
+        )
+        yield Setup(op, openbao, config, workdir, jwks)
 
 
 def test_a_key_rotated_through_a_jwks_uri_the_server_fetches(setup: Setup) -> None:

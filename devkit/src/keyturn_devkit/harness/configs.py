@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # The `[vault]` table unit tests' configurations start with: a token from the environment's
 # VAULT_TOKEN, no server behind the address.
 VAULT = """\
@@ -11,23 +13,28 @@ auth = { method = "token", token = "env:VAULT_TOKEN" }
 """
 
 
-def signing_key_and_client(
+def write_signing_key_and_client(
+    workdir: Path,
     *,
     issuer: str,
     vault: str,
-    token_file: str,
+    root_token: str,
     prefix: str,
     client_id: str,
     key: str,
     app: str,
     rotation: str,
     registration: str,
-) -> str:
-    """A daemon against an OpenID provider at `issuer` (panva/oidc-provider's test server)
-    keeping `key`, a signing key registered as `registration` says (a TOML inline table), and
-    `app`, an oauth_client of the same client that signs its token requests with the key `key`
-    publishes (private_key_jwt); state and publications under `prefix`."""
-    return f"""
+) -> Path:
+    """`workdir/keyturn.toml` (returned), and the Vault token it reads: a daemon against an
+    OpenID provider at `issuer` (panva/oidc-provider's test server) keeping `key`, a signing key
+    registered as `registration` says (a TOML inline table), and `app`, an oauth_client of the
+    same client that signs its token requests with the key `key` publishes (private_key_jwt);
+    state and publications under `prefix`."""
+    token_file = workdir / "vault-token"
+    token_file.write_text(root_token)
+    config = workdir / "keyturn.toml"
+    config.write_text(f"""
 [keyturn]
 instance_id = "{prefix}-test"
 state_prefix = "{prefix}/keyturn/state"
@@ -68,4 +75,5 @@ client_key = "vault:secret/{prefix}/apps/{key}#private_key"
 client_key_alg = "ES256"
 publish_to = "{prefix}/apps/{app}"
 backoff = {{ initial = "1s", max = "4s" }}
-"""
+""")
+    return config
