@@ -333,7 +333,7 @@ def test_a_failed_state_write_after_a_refresh_keeps_the_answer_and_stores_it_fir
         recovered = sampler.wait_version(name, first.version + 1, timeout=12)
         sampler.wait_version(name, first.version + 2, timeout=15)  # presents the stored token
         time.sleep(1)
-        sampler.stop()
+        scene.close()  # before the proxy closes its port: a daemon still running would fail
         state_writes = writes.of(proxy.snapshot())
 
     stored = next(
@@ -374,7 +374,7 @@ def test_a_state_write_carried_out_whose_answer_was_lost_is_known_as_written(
         first = sampler.wait_version(name, 1, timeout=20)
         (lost,) = wait_for("the proxy hung up on the state write", proxy.injected, timeout=15)
         sampler.wait_version(name, first.version + 2, timeout=15)  # refreshed from the record
-        sampler.stop()
+        scene.close()  # before the proxy closes its port: a daemon still running would fail
         state_writes = writes.of(proxy.snapshot())
 
     resent = [r for r in state_writes if r.at >= lost.at and r is not lost][:1]
