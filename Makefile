@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml con
 	$(UV) --upgrade pip setuptools
 	$(UV) --compile-bytecode --no-build-isolation -e '.[test]' -e ./devkit \
 		-e 'clients/python[httpx,requests]'
+	@# Selenium brings trio (its CDP and BiDi sessions only, which the browser test does not
+	@# open) and PySocks. httpcore imports trio, and requests PySocks, whenever they are
+	@# installed: about 0.1 s of CPU for every keyturn process the tests start that makes an
+	@# HTTP client, several hundred a run.
+	$(BIN)/uv pip uninstall --quiet --python $(BIN)/python trio trio-websocket pysocks
 	touch $(STAMP)
 
 # The release tools, twine (`twine check`) and cyclonedx-bom (the image's SBOM), in a venv of
