@@ -33,22 +33,23 @@ $(STAMP): pyproject.toml devkit/pyproject.toml clients/python/pyproject.toml con
 # they are installed, costing each keyturn and sandbox process the tests start about 0.3 s of
 # CPU (several hundred of them per run).
 TOOLS := build/tools/.installed
-$(TOOLS): constraints.txt
+$(TOOLS): $(STAMP) constraints.txt
 	$(PYTHON) -m venv build/tools
-	build/tools/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
-		twine cyclonedx-bom
+	$(BIN)/uv pip install --quiet --python build/tools/bin/python -c constraints.txt \
+		--compile-bytecode twine cyclonedx-bom
 	@# The SBOM is validated against CycloneDX's schema, but not the syntax of its IRIs:
 	@# rfc3987-syntax's parser (jsonschema's "iri-reference" check) took 10 of the build's 11 s
 	@# of CPU for the SBOM (about 180 IRIs). Every other keyword and format is still checked.
-	build/tools/bin/pip uninstall --quiet --yes rfc3987-syntax lark
+	$(BIN)/uv pip uninstall --quiet --python build/tools/bin/python rfc3987-syntax lark
 	touch $(TOOLS)
 
 demo: $(STAMP)
 	$(BIN)/keyturn demo
 
-# The Debian and npm packages (scripts/system-deps.sh, mostly downloads) and the tools' venv install
-# while the venv is made and linted, not after; their output is shown once both are done.
-# Beside ruff and mypy, bytecode is written once for what the test processes import:
+# The Debian and npm packages (scripts/system-deps.sh, mostly downloads) install while the venv
+# is made and linted, and the tools' venv (with the venv's uv) while it is linted; their output is
+# shown once all is done. Beside ruff and mypy, bytecode is written once for what the test
+# processes import:
 # - our own packages (editable installs get none, and every keyturn process the tests start
 #   would compile them again where PYTHONDONTWRITEBYTECODE is set);
 # - the test modules as pytest rewrites their asserts: a collection run with bytecode allowed
@@ -57,15 +58,15 @@ demo: $(STAMP)
 #   with them).
 test:
 	@mkdir -p build
-	@{ { bash scripts/system-deps.sh && $(MAKE) --no-print-directory $(TOOLS); } \
-		> build/system-deps.log 2>&1; echo $$? > build/system-deps.rc; } & \
+	@{ bash scripts/system-deps.sh > build/system-deps.log 2>&1; echo $$? > build/system-deps.rc; } & \
 	$(MAKE) --no-print-directory $(STAMP) && { \
+		{ $(MAKE) --no-print-directory $(TOOLS) > build/tools.log 2>&1; echo $$? > build/tools.rc; } & \
 		{ $(BIN)/python -m compileall -q -j 0 src devkit/src clients/python/src; \
 		  env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest --collect-only -q -p no:cacheprovider \
 			> build/collect.log 2>&1; } & \
 		$(BIN)/ruff check src devkit tests bench clients && $(BIN)/mypy; }; \
-	status=$$?; wait; cat build/system-deps.log; \
-	test $$status -eq 0 && test "$$(cat build/system-deps.rc)" = 0
+	status=$$?; wait; cat build/system-deps.log build/tools.log; \
+	test $$status -eq 0 && test "$$(cat build/system-deps.rc)" = 0 && test "$$(cat build/tools.rc)" = 0
 	$(BIN)/pytest -n 5 --dist loadfile --no-loadscope-reorder
 	@cat build/image/report.txt
 
