@@ -1,26 +1,14 @@
 """One credential's job: the lease, the journal record, and the tasks that move it forward.
 
-Every credential has one private state record in Vault (`keyturn.state.CredentialState`), written
-with check-and-set. A job run starts from it (read from Vault, or, when by this process's copy
-of what it last wrote some task is due, that copy: the check-and-set of the first write proves
-it current, else the run reads and starts again), asks each task when it is next due, and if
-any task is
-due now takes the lease (a CAS write naming this instance) and runs the due tasks in order
-(refresh before rotation, so a slow rotator never delays a token that is due). Each
-task saves its progress through the same record, so a crash between any two steps resumes
-from the last saved one. Failures are the task's own: it records them in the record and plans a
-retry with backoff; the other tasks of the job still run.
-
-A task may let the lease wait for its own first write (`Task.defers_lease`): a token
-refresh with a refresh token held writes the record (the token's in-flight mark) before it
-sends anything or publishes, so the check-and-set of that first write does what a lease write
-of its own would, one Vault call sooner. Losing that write to another writer ends the run as if
-the lease were held. A client_credentials grant waits for the lease: it would go out first.
-
-The lease is short: it covers one step (a provider request bounded by its timeout, and a Vault
-write) and is renewed while the run goes on, and it never outlasts half of what the published
-token has left. So when the instance holding it dies, another one takes over while apps still
-read a valid token.
+A run starts from the credential's private record (`keyturn.state.CredentialState`, written
+with check-and-set), asks each task when it is next due, takes the lease if one is (a CAS write
+naming this instance; `Task.defers_lease`: a refresh with a refresh token held takes it with
+its own first write, one Vault call sooner) and runs the due tasks in order, refresh before
+rotation. Each task saves its progress through the same record, so a crash between two steps
+resumes from the last one, and records its own failures. The lease covers one step and never
+outlasts half of what the published token has left, so another instance takes over while apps
+still read a valid token. The whole story: docs/architecture.md, "Jobs and tasks" and "Several
+instances".
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """Journaled rotation of an API key or a client secret: the `rotation` task of a job.
 
-In the spirit of AWS Secrets Manager's createSecret / setSecret / testSecret / finishSecret and
-its pending / current / previous labels. Every arrow is one journal write (check-and-set) in
-keyturn's private state, so each step is idempotent and a crash resumes at the last one:
-
-    idle ──due (max_age) or forced──> creating      intent + rotation_id stored first
-    creating ──rotator.create──────> pending        the new key is stored privately before
-                                                    anything else is done with it; keys a crash
-                                                    left behind (found by name) are revoked
-    pending ──verify (probe)───────> verified       never publish an unverified key; after
-                                                    verify_attempts failures the pending key is
-                                                    revoked and a new one created
-    verified ──publish (CAS)───────> retiring       apps now read the new key; the old one is
-                                                    `previous`, valid for `grace`
-    retiring ──after grace: revoke─> idle
-
-With `rotation.wait_for_consumers` (an API key, in a daemon with `[usage]`), `retiring` also
-waits, after `grace`, until no consumer that read the previous key within `consumer_window`
-still reads it (`ConsumerHooks.waiting_for`, asked again every `recheck_interval`; the names
-are kept in the journal for `keyturn status`), and at the latest until `max_grace` after the
-new key was published: then the old key is revoked anyway and `consumers_not_moved` names
-the consumers still on it.
-
-A failure leaves the current key published, is recorded (`rotation_error`) and retried with
-backoff. The manual rotator waits in `creating` until `keyturn import-key` supplies the key.
-What verifying and publishing mean is the credential kind's (a `RotationTarget` from
+idle → creating → pending → verified → retiring → idle, in the spirit of AWS Secrets Manager's
+createSecret / setSecret / testSecret / finishSecret. Each arrow is one check-and-set journal
+write in keyturn's private state, so each step is idempotent and a crash resumes at the last
+one; a failure leaves the current key published and is retried with backoff. The states, what
+each stores, waiting for consumers and why a crash at any step is safe: docs/rotation.md. What
+verifying and publishing mean is the credential kind's (a `RotationTarget` from
 `keyturn.kinds`); the rotator (`keyturn.rotators`) creates and revokes keys.
 """
 

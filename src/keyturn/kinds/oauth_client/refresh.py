@@ -1,24 +1,11 @@
 """Keeping an OAuth access token fresh: the `refresh` task of an `oauth_client` credential's
 job, what it publishes (`published_fields`), and the `verify` task (`ProbeAgain`).
 
-    due? ── the stored next_due (drawn from the refresh window at the last success), or now
-     │      if never refreshed, failing past its retry time, or apps read something else
-    seed a starting refresh token from the `refresh_token` input (once; again only after
-     │            the provider refused the held one and the input has changed since)
-    token request (refresh_token grant if one is held, else client_credentials;
-     │            invalid_grant on a refresh: report, drop it, fall back)
-    store a rotated refresh token in the journal (CAS) ── before anything is published; with
-     │            the run's outcome when nothing need follow the publish (no release then)
-     │
-    probe the new token (if configured) ── 401/403: VerificationFailed, nothing published
-     │            no answer: probed again alone (PROBE_ATTEMPTS); still none: the token is
-     │            kept for the next try (ProbeUnanswered), or, if the token apps read would
-     │            expire before that try, published unverified and probed again later
-     │            (`ProbeAgain`, the job's `verify` task)
-    publish with CAS (+ custom_metadata, when what is there differs) ── conflict: someone
-     │            else wrote; report, publish anew
-     │
-    record success and the next due time
+A run: decide whether it is due; seed a refresh token from the `refresh_token` input (once);
+request a token (the `refresh_token` grant if one is held, else `client_credentials`); store a
+rotated refresh token in the journal before anything is published; probe the new token if
+configured; publish with check-and-set; record the outcome and the next due time. Each step,
+its failures and what apps see meanwhile: docs/architecture.md, "A refresh, step by step".
 
 The job (`keyturn.jobs.job`) holds the lease around this, so a refresh token is used at most once,
 by one instance (promise 2). `keyturn import-refresh-token` hands a refresh token over through
