@@ -1,14 +1,11 @@
 """One credential's job: the lease, the journal record, and the tasks that move it forward.
 
-A run starts from the credential's private record (`keyturn.state.CredentialState`, written
-with check-and-set), asks each task when it is next due, takes the lease if one is (a CAS write
-naming this instance; `Task.defers_lease`: a refresh with a refresh token held takes it with
-its own first write, one Vault call sooner) and runs the due tasks in order, refresh before
-rotation. Each task saves its progress through the same record, so a crash between two steps
-resumes from the last one, and records its own failures. The lease covers one step and never
-outlasts half of what the published token has left, so another instance takes over while apps
-still read a valid token. The whole story: docs/architecture.md, "Jobs and tasks" and "Several
-instances".
+A run starts from the credential's private record (written with check-and-set), takes the lease
+if a task is due (`Task.defers_lease`: a refresh holding a refresh token takes it with its own
+first write) and runs the due tasks in order, refresh before rotation; each saves its progress
+through the record, so a crash resumes from the last step. The lease covers one step and never
+outlasts half of what the published token has left. docs/architecture.md, "Jobs and tasks",
+tells the whole story.
 """
 
 from __future__ import annotations

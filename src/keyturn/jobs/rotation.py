@@ -1,12 +1,10 @@
 """Journaled rotation of an API key or a client secret: the `rotation` task of a job.
 
-idle → creating → pending → verified → retiring → idle, in the spirit of AWS Secrets Manager's
-createSecret / setSecret / testSecret / finishSecret. Each arrow is one check-and-set journal
-write in keyturn's private state, so each step is idempotent and a crash resumes at the last
-one; a failure leaves the current key published and is retried with backoff. The states, what
-each stores, waiting for consumers and why a crash at any step is safe: docs/rotation.md. What
-verifying and publishing mean is the credential kind's (a `RotationTarget` from
-`keyturn.kinds`); the rotator (`keyturn.rotators`) creates and revokes keys.
+idle → creating → pending → verified → retiring → idle, one check-and-set journal write per
+arrow, so each step is idempotent and a crash resumes at the last one; a failure leaves the
+current key published and is retried with backoff. The states, waiting for consumers and why a
+crash at any step is safe: docs/rotation.md. Verifying and publishing are the kind's (a
+`RotationTarget`, `keyturn.kinds`); the rotator (`keyturn.rotators`) creates and revokes keys.
 """
 
 from __future__ import annotations

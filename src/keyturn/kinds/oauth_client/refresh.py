@@ -1,15 +1,11 @@
 """Keeping an OAuth access token fresh: the `refresh` task of an `oauth_client` credential's
 job, what it publishes (`published_fields`), and the `verify` task (`ProbeAgain`).
 
-A run: decide whether it is due; seed a refresh token from the `refresh_token` input (once);
-request a token (the `refresh_token` grant if one is held, else `client_credentials`); store a
-rotated refresh token in the journal before anything is published; probe the new token if
-configured; publish with check-and-set; record the outcome and the next due time. Each step,
-its failures and what apps see meanwhile: docs/architecture.md, "A refresh, step by step".
-
-The job (`keyturn.jobs.job`) holds the lease around this, so a refresh token is used at most once,
-by one instance (promise 2). `keyturn import-refresh-token` hands a refresh token over through
-`TokenRefresh.accept_refresh_token` under the same lease, then runs this task with it.
+Due? → seed a refresh token from the input (once) → token request (`refresh_token` grant if one
+is held, else `client_credentials`) → store a rotated refresh token before anything is
+published → probe (if configured) → publish with check-and-set → record the next due time. It
+runs under the job's lease (`keyturn.jobs.job`), so a refresh token is used once, by one
+instance. Each step and its failures: docs/architecture.md, "A refresh, step by step".
 """
 
 from __future__ import annotations

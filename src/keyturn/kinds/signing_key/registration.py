@@ -1,21 +1,13 @@
 """How a signing key's public half reaches the server, and leaves it after the grace period.
 
-`Rfc7592`: a `PUT` to `client_uri` of the client metadata of the server's last answer (kept in
-the private record) with `jwks` changed, authorised by the registration access token keyturn
-keeps there. It reads the metadata (`GET`) only when it holds none: on the first update after a
-token was handed over without the registration response, or after the server refused an update
-(HTTP 400). A server that rotates the token on updates only (oidc-provider) thus sees each
-token in one update; the read after a refused update presents a token the refusal left valid
-(a refused update rotates nothing). A token is marked in flight before it is presented; a new
-one in the answer is stored before anything else is done; a refused one, or one whose answer
-was lost, stops every later request until a person hands over a new one (`keyturn
-import-signing-key`). With `registration.auth` (another credential's token) every update reads
-the metadata first: an admin may have changed it, and no token is spent.
+- `Rfc7592`: `PUT` to `client_uri` of the server's last client metadata (kept in the private
+  record) with `jwks` changed, reading it first only when none is held (always with
+  `registration.auth`), so that each registration access token is presented once; a token is
+  marked in flight before use.
+- `JwksDocument`: the JWKS document a server fetches as the client's `jwks_uri` (Vault, a file).
+- `ThroughRotator`: a provider's own API, by an `exec` rotator's `register` and `revoke`.
 
-`JwksDocument`: the JWKS document a server fetches as the client's `jwks_uri`, written to a
-Vault path and/or a file on keyturn's host.
-
-`ThroughRotator`: a provider's own API, by an `exec` rotator's `register` and `revoke`.
+When each reads, and what a refused or lost token means: docs/rotation.md, "Signing keys".
 """
 
 from __future__ import annotations
