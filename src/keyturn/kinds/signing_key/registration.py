@@ -1,13 +1,10 @@
 """How a signing key's public half reaches the server, and leaves it after the grace period.
 
-- `Rfc7592`: `PUT` to `client_uri` of the server's last client metadata (kept in the private
-  record) with `jwks` changed, reading it first only when none is held (always with
-  `registration.auth`), so that each registration access token is presented once; a token is
-  marked in flight before use.
-- `JwksDocument`: the JWKS document a server fetches as the client's `jwks_uri` (Vault, a file).
-- `ThroughRotator`: a provider's own API, by an `exec` rotator's `register` and `revoke`.
-
-When each reads, and what a refused or lost token means: docs/rotation.md, "Signing keys".
+`Rfc7592` `PUT`s the server's last client metadata back with `jwks` changed, reading it first
+only when none is held (always with `registration.auth`): each registration access token is
+presented once. `JwksDocument` writes the document a server fetches as `jwks_uri`;
+`ThroughRotator` uses an `exec` rotator's `register` and `revoke`. docs/rotation.md, "Signing
+keys", says when each reads and what a refused or lost token means.
 """
 
 from __future__ import annotations
