@@ -404,7 +404,7 @@ def housekeeping(daemon: Daemon, plans: PlanKeeper, shares: ShareKeeper) -> Hous
     watchdog = systemd_watchdog(daemon.notifier)
     if watchdog is not None:
         jobs.append(watchdog)
-    guard = wall_clock_guard(config, clock, scheduler)
+    guard = wall_clock_guard(runtime, clock, scheduler)
     if guard is not None:
         jobs.append(Periodic("clock", guard, CLOCK_CHECK_SECONDS))
     return Housekeeping(jobs)

@@ -12,11 +12,8 @@ import contextlib
 import os
 import random
 import socket
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-
-import httpx
 
 from keyturn.clock import Clock, SystemClock, WallClockGuard
 from keyturn.config import Config
@@ -30,7 +27,6 @@ from keyturn.members import BEATS_PER_TAKEOVER, MIN_TAKEOVER, Membership, takeov
 from keyturn.notify import SystemdNotifier
 from keyturn.observability.metrics import PrometheusObserver
 from keyturn.policy import RefreshPolicy
-from keyturn.providers.http import system_tls
 from keyturn.runtime import Runtime
 from keyturn.saved_plan import PlanStore
 from keyturn.scheduler import CredentialScheduler
@@ -108,22 +104,6 @@ class Housekeeping:
             wait = max(MIN_DELAY, asked) if asked is not None else job.interval()
 
 
-async def vault_server_time(config: Config) -> float | None:
-    """Vault's own clock (`sys/health` `server_time_utc`, unauthenticated), or None."""
-    vault = config.vault
-    verify: str | ssl.SSLContext = str(vault.ca_cert) if vault.ca_cert else system_tls()
-    try:
-        async with httpx.AsyncClient(verify=verify, timeout=2.0) as http:
-            response = await http.get(
-                vault.address.rstrip("/") + "/v1/sys/health",
-                params={"standbyok": "true", "sealedcode": "200", "uninitcode": "200"},
-            )
-        value = response.json().get("server_time_utc")
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Body:
     """Runs that failed because Vault was down or sealed run again the moment Vault answers,
     not when their backoff ends: every second of that gap is a second apps may read an expired
@@ -142,14 +122,16 @@ def vault_waker(runtime: Runtime, scheduler: CredentialScheduler) -> Body:
     return check
 
 
-def wall_clock_guard(config: Config, clock: Clock, scheduler: CredentialScheduler) -> Body | None:
+def wall_clock_guard(
+    runtime: Runtime, clock: Clock, scheduler: CredentialScheduler
+) -> Body | None:
     """With the system clock (not a test's), the check that notices wall-clock steps, judges
     them with Vault's clock and re-plans every credential after one (`WallClockGuard`)."""
     if not isinstance(clock, SystemClock):
         return None
     guard = WallClockGuard(
         clock,
-        reference=lambda: vault_server_time(config),
+        reference=runtime.store.server_time,
         on_jump=lambda _step: scheduler.replan(),
     )
 

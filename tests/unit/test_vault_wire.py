@@ -149,3 +149,32 @@ async def test_logins_go_through_hvacs_auth_methods_without_a_token() -> None:
     assert "X-Vault-Token" not in sent.headers
     assert looked_up.path_url == "/v1/auth/token/lookup-self"
     assert looked_up.headers["X-Vault-Token"] == "s.new"
+
+
+async def test_vaults_clock_is_asked_through_hvac_without_a_token() -> None:
+    """The wall-clock guard's reference: `sys/health` on the home node, answered by a standby
+    or a sealed node too, with no token; a wrong or missing answer reads as "not known"."""
+    answers: list[VaultReply] = [
+        (200, {"server_time_utc": 1_795_000_000, "standby": True}),
+        (200, {"server_time_utc": "soon"}),
+        (503, {"errors": ["sealed"]}),
+        requests.ConnectionError("refused"),
+    ]
+    transport = VaultTransport(lambda _request: answers.pop(0))
+    store = VaultStore(
+        VaultConnection("http://vault.test:8200"),
+        VaultAuth("token", token=Secret("s.tok")),
+        clock=FakeClock(),
+        transport=transport,
+    )
+    try:
+        times = [await store.server_time() for _ in range(4)]
+    finally:
+        await store.close()
+    assert times == [1_795_000_000.0, None, None, None]
+    asked = transport.sent[0]
+    assert (asked.method, asked.path_url) == (
+        "GET",
+        "/v1/sys/health?standbyok=True&sealedcode=200&uninitcode=200",
+    )
+    assert all("X-Vault-Token" not in request.headers for request in transport.sent)

@@ -681,6 +681,24 @@ class VaultClient:
             return self._active
         return self.home
 
+    async def server_time(self) -> float | None:
+        """Vault's own clock (`sys/health`'s `server_time_utc`, asked of the home node without
+        a token, as a standby or a sealed node answers too), or None when it does not say."""
+
+        def ask() -> object:
+            return self._node(self.home).sys.read_health_status(
+                standby_ok=True, sealed_code=200, uninit_code=200, method="GET"
+            )
+
+        try:
+            answer = await self.run(ask, operation="health", path=None, auth=True)
+        except VaultError:
+            return None
+        value = answer.get("server_time_utc") if isinstance(answer, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        return None
+
     def _discover(self) -> tuple[str | None, bool]:
         """Ask the nodes (the last active one, the home node, then the others) for the active
         node (None if none answers with one), and whether it is a single server."""

@@ -418,6 +418,10 @@ class VaultStore:
         """Vault answers and accepts our token (token look-up); used by /readyz and `check`."""
         await self.keeper.verify()
 
+    async def server_time(self) -> float | None:
+        """Vault's own clock, or None (see `VaultClient.server_time`)."""
+        return await self._client.server_time()
+
     async def close(self) -> None:
         await self._client.close()
 
