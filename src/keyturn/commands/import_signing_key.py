@@ -1,17 +1,8 @@
 """`keyturn import-signing-key -c FILE NAME [--access-token-only]`: hand over a signing key's
-existing key pair and its RFC 7592 registration access token, or only a new token.
-
-Read from standard input, never from argv: a JSON object `{"private_key": "<PEM>",
-"registration_access_token": "…", "kid": "…", "registration": {…}}` (`kid` optional: the id the
-server knows the key by, else its RFC 7638 thumbprint; the token optional for
-`registration.method = "jwks"`; `registration` optional: the RFC 7591 registration response,
-whose metadata the first update sends back with no read first, and whose
-`registration_access_token` is the token if the field is not given), or with
-`--access-token-only` the token alone, as one line. Both are stored privately first;
-then the rotation goes on as usual (the key registered if the server lacks it, proven by a token
-request signed with it, published, and a key keyturn held before retired after the grace).
-A key of the wrong type for `algorithm`, or an RSA key under 2048 bits, is refused, naming
-the field.
+existing key pair and its RFC 7592 registration access token, or only a new token. Read from
+standard input, never from argv (the JSON object's fields: docs/cli.md); stored privately
+first, then the rotation goes on as usual. A key of the wrong type for `algorithm`, or an RSA
+key under 2048 bits, is refused, naming the field.
 """
 
 from __future__ import annotations

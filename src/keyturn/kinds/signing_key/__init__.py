@@ -1,12 +1,7 @@
-"""`signing_key`: a key pair that replaces a client secret (`private_key_jwt`), rotated
-through the same journal as an API key (`keyturn.jobs.rotation`).
-
-A new key pair is made by keyturn (`keys.generate`) and stored privately first (`pending`);
-its public half is then registered beside the key in use (`registration`: RFC 7592 or a
-published JWKS), and a token request signed with it proves it (`verified`); then it is
-published where apps read it and becomes the key in use; after the grace period (and, with
-`wait_for_consumers`, once nobody reads the old one) the old public key is removed from the
-server. Apps read `private_key` (PEM), `kid`, `alg`, `public_jwk`, `client_id`.
+"""`signing_key`: a key pair that replaces a client secret (`private_key_jwt`), rotated through
+the same journal as an API key (`keyturn.jobs.rotation`): made and stored privately, its public
+half registered (RFC 7592 or a published JWKS), proven by a signed token request, published,
+and the old key removed after the grace. docs/rotation.md tells each step.
 """
 
 from __future__ import annotations
