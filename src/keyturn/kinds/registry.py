@@ -78,7 +78,10 @@ def _rotator_of(credential: CredentialConfig, rotators: Mapping[str, Rotator]) -
 def published_value(config: Config, name: str) -> SecretRef:
     """Where the credential `name`'s value (an access token, an API key) is published, as a
     reference: what `auth = "credential:NAME"` reads."""
-    credential = config.credential(name)
+    return _published(config, config.credential(name))
+
+
+def _published(config: Config, credential: CredentialConfig) -> SecretRef:
     field = kind_of(credential).value_field
     return SecretRef.vault(config.vault.mount, credential.publish_to, field)
 
@@ -93,6 +96,13 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
             for name, provider in config.providers.items()
         },
     )
+    # By name, once: looking each one up in the list made a restart at 10,000 credentials
+    # spend two seconds here.
+    credentials = {credential.name: credential for credential in config.credentials}
+
+    def published(name: str) -> SecretRef:
+        return _published(config, credentials[name])
+
     try:
         used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
         # An unused rotator is never built (nor its auth resolved).
@@ -102,14 +112,14 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
                 providers=config.providers,
                 resolver=resolver,
                 clock=deps.clock,
-                published=lambda credential: published_value(config, credential),
+                published=published,
             )
         # Its credentials' `credential:NAME` read where this configuration publishes NAME.
-        deps = dataclasses.replace(deps, published_at=lambda name: published_value(config, name))
+        deps = dataclasses.replace(deps, published_at=published)
         # A client key another credential here publishes is read at each request.
-        published = {published_value(config, c.name) for c in config.credentials}
+        values = {_published(config, c) for c in config.credentials}
         for credential in config.credentials:
-            rotated_key = credential.client_key is not None and credential.client_key in published
+            rotated_key = credential.client_key is not None and credential.client_key in values
             built.jobs[credential.name] = build_job(
                 credential,
                 built.clients[credential.provider],
