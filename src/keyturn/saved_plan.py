@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from keyturn.config import Config, CredentialConfig
+from keyturn.config import Config
 from keyturn.errors import KeyturnError, VaultCasConflict
 from keyturn.logs import get_logger
 from keyturn.state import CredentialState, LeaseRecord, RefreshTokenRecord
@@ -55,13 +55,22 @@ def without_secrets(state: CredentialState) -> CredentialState:
     )
 
 
-def settings_fingerprint(config: Config, credential: CredentialConfig) -> str:
-    """Changes when the credential's own settings, its provider or its rotator change (the
-    same inputs as a reload's `changed_credentials`); a hash, so the plan holds no setting."""
+def settings_fingerprints(config: Config) -> dict[str, str]:
+    """Each credential's settings fingerprint, by name: it changes when the credential's own
+    settings, its provider or its rotator change (the same inputs as a reload's
+    `changed_credentials`); a hash, so the plan holds no setting."""
     # The settings are frozen dataclasses: their repr shows every field (references, never a
-    # secret value).
-    parts = (credential, config.provider_of(credential), config.rotator_of(credential))
-    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+    # secret value). The hash is of `repr((credential, provider, rotator))`; a provider's and a
+    # rotator's repr are made once, not once per credential.
+    providers = {name: repr(provider) for name, provider in config.providers.items()}
+    rotators: dict[str | None, str] = {None: repr(None)}
+    rotators.update((name, repr(rotator)) for name, rotator in config.rotators.items())
+    fingerprints = {}
+    for credential in config.credentials:
+        rotator = credential.rotation.rotator if credential.rotation is not None else None
+        parts = f"({credential!r}, {providers[credential.provider]}, {rotators[rotator]})"
+        fingerprints[credential.name] = hashlib.sha256(parts.encode()).hexdigest()[:24]
+    return fingerprints
 
 
 class PlanStore:
@@ -81,7 +90,7 @@ class PlanStore:
     ) -> dict[str, RestoredPlan]:
         """The saved plan for the credentials of `config` whose settings did not change; {}
         when there is none or it cannot be read (every credential then runs at once)."""
-        credentials = {credential.name: credential for credential in config.credentials}
+        fingerprints = settings_fingerprints(config)
         restored: dict[str, RestoredPlan] = {}
         touched: dict[str, float] | None = None
         try:
@@ -90,11 +99,10 @@ class PlanStore:
                 if touched is None:
                     touched = await read_touched(self._store, self._prefix)
                 for name, entry in entries.items():
-                    credential = credentials.get(name)
-                    _fingerprint, due, finished_at, _data = entry
+                    fingerprint, due, finished_at, data = entry
                     if touched.get(name, -math.inf) >= finished_at - TOUCH_SLACK:
                         continue  # a command worked on it since: its record says more
-                    state = None if credential is None else _saved(config, credential, entry)
+                    state = _saved(name, data) if fingerprint == fingerprints.get(name) else None
                     if state is not None:
                         verify_by = now + rng.uniform(0.0, VERIFY_WINDOW)
                         restored[name] = RestoredPlan(min(due, verify_by), state, finished_at)
@@ -122,7 +130,7 @@ class PlanStore:
         last save. Shard 0 is written last: it names the generation every shard must carry."""
         if runs == self._saved_runs:
             return False
-        fingerprints = {c.name: settings_fingerprint(config, c) for c in config.credentials}
+        fingerprints = settings_fingerprints(config)
         saved = [
             job
             for job in jobs
@@ -157,13 +165,10 @@ class PlanStore:
 Entry = tuple[str, float, float, dict[str, str]]
 
 
-def _saved(config: Config, credential: CredentialConfig, entry: Entry) -> CredentialState | None:
-    """The saved record of `credential`, if its settings did not change and it parses."""
-    fingerprint, _due, _finished_at, data = entry
-    if fingerprint != settings_fingerprint(config, credential):
-        return None
+def _saved(name: str, data: dict[str, str]) -> CredentialState | None:
+    """A saved record (its settings did not change), if this version can parse it."""
     try:
-        return CredentialState.from_data(data, credential.name)
+        return CredentialState.from_data(data, name)
     except KeyturnError:
         return None  # an entry this version cannot parse: the record is read instead
 

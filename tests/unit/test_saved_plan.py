@@ -25,11 +25,14 @@ from keyturn_devkit.harness.configs import VAULT
 
 NOW = 1_800_000_000.0
 
-HEAD = VAULT + """
+HEAD = (
+    VAULT
+    + """
 [[providers]]
 name = "acme"
 base_url = "https://acme.example.com"
 """
+)
 
 CREDENTIAL = """
 [[credentials]]
@@ -111,6 +114,54 @@ async def test_changed_settings_and_unknown_credentials_are_not_restored() -> No
     assert restored == {}
     restored = await plans(store).restore(config(["b", "new"]), now=NOW, rng=random.Random(3))
     assert sorted(restored) == ["b"]
+
+
+ROTATED = """
+[[providers]]
+name = "other"
+base_url = "https://other.example.com"
+
+[[rotators]]
+name = "keys"
+type = "exec"
+command = ["COMMAND"]
+
+[[credentials]]
+name = "key"
+provider = "other"
+kind = "api_key"
+publish_to = "apps/key"
+probe = "/v1/users"
+rotation = { max_age = "30d", rotator = "keys" }
+"""
+
+
+def rotated(command: str = "rotate", base_url: str = "https://acme.example.com") -> Config:
+    """Credentials a and b on acme, `key` on another provider with a rotator."""
+    text = HEAD.replace("https://acme.example.com", base_url) + "".join(
+        CREDENTIAL.replace("NAME", n).replace("SCOPE", "read") for n in ["a", "b"]
+    )
+    return parse_config(
+        text + ROTATED.replace("COMMAND", command), "keyturn.toml", {"VAULT_TOKEN": "x"}
+    )
+
+
+async def test_a_changed_provider_or_rotator_is_not_restored_for_its_credentials() -> None:
+    """A credential's plan holds while its own settings, its provider's and its rotator's
+    stay; a change to a provider or a rotator drops only the credentials that use it."""
+    names = ["a", "b", "key"]
+    store = FakeVaultStore()
+    assert await plans(store).save(rotated(), views(names), runs=1)
+    again = await plans(store).restore(rotated(), now=NOW, rng=random.Random(3))
+    rotator_changed = await plans(store).restore(
+        rotated(command="rotate-v2"), now=NOW, rng=random.Random(3)
+    )
+    provider_changed = await plans(store).restore(
+        rotated(base_url="https://acme-2.example.com"), now=NOW, rng=random.Random(3)
+    )
+    assert sorted(again) == names
+    assert sorted(rotator_changed) == ["a", "b"]
+    assert sorted(provider_changed) == ["key"]
 
 
 async def test_nothing_is_written_again_until_a_run_finished() -> None:
