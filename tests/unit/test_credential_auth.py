@@ -71,7 +71,7 @@ def test_a_credential_auth_loads() -> None:
     auth = config.rotators["kc-secrets"].auth  # type: ignore[union-attr]
     assert auth == CredentialAuth("kc-admin")
     assert str(auth) == "credential:kc-admin"
-    assert published_value(config, "kc-admin") == SecretRef.vault(
+    assert published_value(config, config.credential("kc-admin")) == SecretRef.vault(
         "secret", "apps/kc-admin/kc", "access_token"
     )
 
@@ -141,7 +141,7 @@ async def built(
         resolver=ReferenceResolver({}, store),
         clock=FakeClock(),
         transport=httpx.MockTransport(handle),
-        published=lambda name: published_value(CONFIG, name),
+        published=lambda name: published_value(CONFIG, CONFIG.credential(name)),
     )
     assert isinstance(made, HttpRotator)
     return made
@@ -325,7 +325,7 @@ async def probed(store: FakeVaultStore, seen: list[httpx.Request], status: int =
         clock=FakeClock(),
         rng=random.Random(1),
         instance_id="i-1",
-        published_at=lambda name: published_value(config, name),
+        published_at=lambda name: published_value(config, config.credential(name)),
     )
     auth = ProbeAuth.of(config.credential("billing"), deps)
     assert auth is not None

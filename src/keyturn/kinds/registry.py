@@ -75,13 +75,9 @@ def _rotator_of(credential: CredentialConfig, rotators: Mapping[str, Rotator]) -
     return rotators[named] if named is not None else None
 
 
-def published_value(config: Config, name: str) -> SecretRef:
-    """Where the credential `name`'s value (an access token, an API key) is published, as a
-    reference: what `auth = "credential:NAME"` reads."""
-    return _published(config, config.credential(name))
-
-
-def _published(config: Config, credential: CredentialConfig) -> SecretRef:
+def published_value(config: Config, credential: CredentialConfig) -> SecretRef:
+    """Where `credential`'s value (an access token, an API key) is published, as a reference:
+    what `auth = "credential:NAME"` reads."""
     field = kind_of(credential).value_field
     return SecretRef.vault(config.vault.mount, credential.publish_to, field)
 
@@ -101,7 +97,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
     credentials = {credential.name: credential for credential in config.credentials}
 
     def published(name: str) -> SecretRef:
-        return _published(config, credentials[name])
+        return published_value(config, credentials[name])
 
     try:
         used = {c.rotation.rotator for c in config.credentials if c.rotation is not None}
@@ -117,7 +113,7 @@ async def build_jobs(config: Config, deps: JobDeps, resolver: ReferenceResolver)
         # Its credentials' `credential:NAME` read where this configuration publishes NAME.
         deps = dataclasses.replace(deps, published_at=published)
         # A client key another credential here publishes is read at each request.
-        values = {_published(config, c) for c in config.credentials}
+        values = {published_value(config, c) for c in config.credentials}
         for credential in config.credentials:
             rotated_key = credential.client_key is not None and credential.client_key in values
             built.jobs[credential.name] = build_job(
