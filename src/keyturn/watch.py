@@ -191,6 +191,12 @@ class PublishedWatcher:
             return []  # never published by this process yet: nothing to compare with
         metadata = listed or await self._store.read_metadata(target.publish_to, consistent=True)
         found = findings(metadata, known, target.name)
+        if found and listed is not None and listed.current_version < known:
+            # Older than keyturn's own last write: the listing's page was read before keyturn
+            # published and recorded that version. Judge what the path holds now (a path
+            # deleted and written again also starts below it, and a fresh read shows that).
+            metadata = await self._store.read_metadata(target.publish_to, consistent=True)
+            found = findings(metadata, known, target.name)
         if found:
             # Another instance (or this one, since its last run) may have published: the
             # journal in Vault has the last word before anything is reported. A run that holds

@@ -163,6 +163,40 @@ async def test_a_run_in_progress_is_judged_at_the_next_sweep(store: FakeVaultSto
     assert seen == []
 
 
+async def test_a_listing_read_before_keyturns_own_publish_is_not_reported(
+    store: FakeVaultStore,
+) -> None:
+    """A folder's page is read, then keyturn publishes and records a newer version before the
+    sweep gets to this path: the page is stale, not the path."""
+    await ours(store)
+    listed = await store.read_metadata(PATH)
+    version = await ours(store)  # keyturn's own publish, recorded before this path's turn
+    watcher, seen, republished = make(store, {"reporting": version})
+    assert await watcher.check(WatchTarget("reporting", "acme", PATH), listed) == []
+    assert seen == []
+    assert republished == []
+
+
+async def test_a_path_recreated_below_keyturns_version_is_reported_from_a_listing(
+    store: FakeVaultStore,
+) -> None:
+    """Deleted and written again by someone else, the path starts over at version 1: what a
+    fresh read shows, so a listing that shows it too is not taken for a stale one."""
+    await ours(store)
+    version = await ours(store)
+    await store.delete_all(PATH)
+    store.external_write(PATH, {"access_token": "planted"})
+    listed = await store.read_metadata(PATH)
+    watcher, seen, republished = make(store, {"reporting": version})
+    found = await watcher.check(WatchTarget("reporting", "acme", PATH), listed)
+    assert found == [
+        f"version 1 is current; keyturn last wrote {version}",
+        "custom_metadata no longer says keyturn wrote it",
+    ]
+    assert len(seen) == 1
+    assert republished == ["reporting"]
+
+
 async def test_a_sweep_reads_a_few_paths_at_a_time_and_checks_every_one() -> None:
     class CountingStore(FakeVaultStore):
         """Counts the metadata reads in flight at once (each yields to the loop once)."""
